@@ -1,0 +1,1 @@
+"""Device layer: GPU inventory and telemetry from NVML or simulated devices."""

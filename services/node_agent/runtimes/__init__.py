@@ -1,0 +1,1 @@
+"""Runtimes carry out task launches: simulated, local process, Kubernetes Pod."""

@@ -1,0 +1,71 @@
+"""The interface every runtime implements; the agent shell only talks to this.
+
+A task is identified by ``TaskLaunch.key`` (``<job_id>/<task_id>/<attempt>``), unique
+per attempt, so a redelivered binding maps to the same key and is started once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class GpuGrant:
+    """A GPU (or share of one) granted to the task."""
+
+    index: int
+    uuid: str = ""
+    memory_mib: int = 0  # 0 = whole GPU
+    compute_pct: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class TaskLaunch:
+    job_id: str
+    task_id: str
+    attempt: int
+    image: str
+    command: tuple[str, ...]
+    env: dict[str, str]  # job env plus rendezvous variables, already merged
+    gpus: tuple[GpuGrant, ...]
+    cpu_milli: int
+    memory_mib: int
+    duration_s: float | None = None  # for the simulated runtime
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.job_id}/{self.task_id}/{self.attempt}"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskExit:
+    key: str
+    exit_code: int
+    reason: str  # "completed", "error", "killed", "stopped", "share_exceeded", ...
+    message: str = ""
+
+
+ExitCallback = Callable[[TaskExit], Awaitable[None]]
+
+
+class Runtime(Protocol):
+    name: str
+
+    async def start(self, launch: TaskLaunch) -> None:
+        """Start the task; returns once it is running. Raises RuntimeStartError."""
+
+    async def stop(self, key: str, grace_s: float) -> None:
+        """Signal the task, wait up to ``grace_s``, then kill it. Idempotent."""
+
+    async def running(self) -> list[str]:
+        """Keys of tasks this runtime still runs (used to reconcile after a restart)."""
+
+    async def close(self) -> None:
+        """Release resources; running tasks of a simulated runtime end."""
+
+
+class RuntimeStartError(Exception):
+    """The runtime could not start a task; the agent reports it failed."""

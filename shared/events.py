@@ -1,0 +1,359 @@
+"""Event contracts: one frozen pydantic model per event type, inside one envelope.
+
+Every message on every topic is an :class:`Envelope` serialised as JSON. ``type``
+names the payload model (see ``EVENT_TYPES``); ``schema_version`` is that model's
+version. Consumers tolerate unknown newer fields (``extra="ignore"``) so producers can
+add optional fields without a coordinated deploy.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.jobspec import JobSpec
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Event(BaseModel):
+    """Base of every payload: frozen, tolerant of newer fields, versioned."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    TYPE: ClassVar[str] = ""
+    VERSION: ClassVar[int] = 1
+
+    def key(self) -> str:  # pragma: no cover - every subclass overrides
+        raise NotImplementedError
+
+
+class JobState(StrEnum):
+    """The job life of DESIGN.md; task-level reports use the same names."""
+
+    PENDING = "pending"
+    ADMITTED = "admitted"
+    BOUND = "bound"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    PREEMPTED = "preempted"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+# --- jobs.submitted / jobs.ready (keyed by queue) -------------------------------------
+
+
+class JobSubmitted(Event):
+    TYPE: ClassVar[str] = "job.submitted"
+    job_id: str
+    queue: str
+    tenant: str
+    user: str
+    spec: JobSpec
+    submitted_at: datetime
+
+    def key(self) -> str:
+        return self.queue
+
+
+class JobReady(Event):
+    """Queueing admitted the job against its queue's quota; the scheduler may place it."""
+
+    TYPE: ClassVar[str] = "job.ready"
+    job_id: str
+    queue: str
+    tenant: str
+    user: str
+    spec: JobSpec
+    submitted_at: datetime
+    admitted_at: datetime
+    attempt: int = 1
+
+    def key(self) -> str:
+        return self.queue
+
+
+# --- jobs.status (keyed by job) --------------------------------------------------------
+
+
+class JobStatus(Event):
+    """A transition of a whole job (``task`` empty) or of one task replica of it."""
+
+    TYPE: ClassVar[str] = "job.status"
+    job_id: str
+    state: JobState
+    reason: str
+    attempt: int = 1
+    exit_code: int | None = None
+    task: str | None = Field(default=None, description="task id, e.g. worker-0; empty = job")
+    node_id: str | None = None
+    message: str | None = None
+    epoch: int | None = Field(default=None, description="scheduler epoch of the binding")
+
+    def key(self) -> str:
+        return self.job_id
+
+
+class BindingRefused(Event):
+    """An agent refused a binding (e.g. from a stale scheduler epoch)."""
+
+    TYPE: ClassVar[str] = "binding.refused"
+    job_id: str
+    node_id: str
+    binding_id: str
+    reason: str
+    epoch: int
+    current_epoch: int
+
+    def key(self) -> str:
+        return self.job_id
+
+
+# --- jobs.commands (keyed by job) ------------------------------------------------------
+
+
+class CommandAction(StrEnum):
+    CANCEL = "cancel"
+    PREEMPT = "preempt"
+    RESIZE = "resize"
+
+
+class JobCommand(Event):
+    TYPE: ClassVar[str] = "job.command"
+    job_id: str
+    action: CommandAction
+    reason: str = ""
+    requested_by: str = ""
+    replicas: int | None = None
+
+    def key(self) -> str:
+        return self.job_id
+
+
+# --- bindings (keyed by node) ----------------------------------------------------------
+
+
+class GpuAssignment(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    index: int
+    uuid: str = ""
+    memory_mib: int = Field(0, description="0 = the whole GPU")
+    compute_pct: int = Field(100, description="100 = the whole GPU")
+
+
+class TaskBinding(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    task_id: str
+    task_name: str
+    role: str
+    replica: int
+    rank: int
+    gpus: list[GpuAssignment] = Field(default_factory=list)
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    image: str = ""
+    command: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class BindingAction(StrEnum):
+    ALLOCATE = "allocate"
+    STOP = "stop"
+    RESIZE = "resize"
+
+
+class Binding(Event):
+    """The scheduler's decision for one node: start (or stop) these tasks of a job."""
+
+    TYPE: ClassVar[str] = "binding"
+    binding_id: str
+    action: BindingAction
+    node_id: str
+    epoch: int
+    job_id: str
+    attempt: int = 1
+    tasks: list[TaskBinding] = Field(default_factory=list)
+    world_size: int = 1
+    master_addr: str = ""
+    master_port: int = 29500
+    duration_s: float | None = None
+    grace_period_s: float = 30.0
+    reason: str = ""
+
+    def key(self) -> str:
+        return self.node_id
+
+
+# --- nodes.lifecycle / nodes.telemetry (keyed by node) ---------------------------------
+
+
+class GpuInfo(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    nvlink_domain: int = 0
+    nvlink_peers: list[int] = Field(default_factory=list)
+    mig_mode: bool = False
+
+
+class NodeInventory(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    node_id: str
+    hostname: str = ""
+    address: str = ""
+    cpu_milli: int
+    memory_mib: int
+    gpus: list[GpuInfo] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict)
+    rack: str = ""
+    runtime: str = "simulated"
+
+
+class NodeRegistered(Event):
+    TYPE: ClassVar[str] = "node.registered"
+    inventory: NodeInventory
+    agent_started_at: datetime
+
+    def key(self) -> str:
+        return self.inventory.node_id
+
+
+class NodeHeartbeat(Event):
+    TYPE: ClassVar[str] = "node.heartbeat"
+    node_id: str
+    running_tasks: int = 0
+    max_epoch_seen: int = 0
+
+    def key(self) -> str:
+        return self.node_id
+
+
+class NodeLost(Event):
+    TYPE: ClassVar[str] = "node.lost"
+    node_id: str
+    last_seen: datetime
+    reason: str = "missed heartbeats"
+
+    def key(self) -> str:
+        return self.node_id
+
+
+class GpuHealth(StrEnum):
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+
+
+class GpuTelemetry(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    index: int
+    utilization_pct: float
+    memory_used_mib: int
+    temperature_c: float
+    power_w: float = 0.0
+    health: GpuHealth = GpuHealth.HEALTHY
+
+
+class NodeTelemetry(Event):
+    TYPE: ClassVar[str] = "node.telemetry"
+    node_id: str
+    gpus: list[GpuTelemetry]
+
+    def key(self) -> str:
+        return self.node_id
+
+
+# --- queues.events / dead letters ------------------------------------------------------
+
+
+class QueueChanged(Event):
+    TYPE: ClassVar[str] = "queue.changed"
+    queue: str
+    change: Literal["created", "updated", "closed", "draining", "opened", "deleted"]
+    settings: dict[str, Any] = Field(default_factory=dict)
+
+    def key(self) -> str:
+        return self.queue
+
+
+class DeadLetter(Event):
+    """A message a consumer could not handle, kept with the reason."""
+
+    TYPE: ClassVar[str] = "dead.letter"
+    topic: str
+    partition: int
+    offset: int
+    msg_key: str | None
+    value: str = Field(description="the original bytes, decoded as UTF-8 with replacement")
+    reason: str
+    error: str
+    consumer_group: str
+
+    def key(self) -> str:
+        return self.topic
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    m.TYPE: m
+    for m in (
+        JobSubmitted,
+        JobReady,
+        JobStatus,
+        BindingRefused,
+        JobCommand,
+        Binding,
+        NodeRegistered,
+        NodeHeartbeat,
+        NodeLost,
+        NodeTelemetry,
+        QueueChanged,
+        DeadLetter,
+    )
+}
+
+
+class Envelope(BaseModel):
+    """What travels on the wire. ``data`` is the payload of the model named by ``type``."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    type: str
+    schema_version: int
+    occurred_at: datetime = Field(default_factory=utcnow)
+    source: str
+    key: str
+    data: dict[str, Any]
+
+    @classmethod
+    def wrap(cls, event: Event, source: str, event_id: str | None = None) -> Envelope:
+        return cls(
+            id=event_id or uuid.uuid4().hex,
+            type=event.TYPE,
+            schema_version=event.VERSION,
+            source=source,
+            key=event.key(),
+            data=event.model_dump(mode="json"),
+        )
+
+    def encode(self) -> bytes:
+        return self.model_dump_json().encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Envelope:
+        return cls.model_validate_json(raw)
+
+    def payload(self) -> Event:
+        """The typed event; raises KeyError for an unknown type, ValidationError if bad."""
+        model = EVENT_TYPES[self.type]
+        return model.model_validate(self.data)

@@ -1,0 +1,144 @@
+"""The job specification users submit (YAML or JSON), familiar to Volcano users.
+
+Field names are camelCase on the wire (``minAvailable``, ``gpuMemory``) and snake_case
+in Python. Unknown fields are refused so that a typo gets a 422 naming the field
+instead of being silently ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class Resources(_Spec):
+    """Per-replica resources. Units: CPU millicores, memory and GPU memory MiB, compute %."""
+
+    gpu: Annotated[int, Field(ge=0, le=64, description="whole GPUs per replica")] = 0
+    gpu_memory: Annotated[
+        int, Field(ge=0, le=1_048_576, description="MiB of one shared GPU (fractional request)")
+    ] = 0
+    gpu_compute: Annotated[
+        int, Field(ge=0, le=100, description="percent of one shared GPU's compute")
+    ] = 0
+    cpu: Annotated[int, Field(ge=0, le=1_024_000, description="millicores")] = 1000
+    memory: Annotated[int, Field(ge=0, le=16_777_216, description="MiB")] = 1024
+
+    @model_validator(mode="after")
+    def _whole_or_share(self) -> Resources:
+        if self.gpu and (self.gpu_memory or self.gpu_compute):
+            raise ValueError("ask for whole GPUs (gpu) or a share (gpuMemory/gpuCompute), not both")
+        return self
+
+    @property
+    def is_shared(self) -> bool:
+        return self.gpu == 0 and (self.gpu_memory > 0 or self.gpu_compute > 0)
+
+
+class TaskSpec(_Spec):
+    name: Annotated[str, Field(min_length=1, max_length=63)]
+    role: str | None = Field(default=None, description="ps, worker, chief...; defaults to name")
+    replicas: Annotated[int, Field(ge=1, le=1024)] = 1
+    image: str = "kairos/simulated:latest"
+    command: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    resources: Resources = Field(default_factory=Resources)
+
+    @field_validator("name")
+    @classmethod
+    def _dns_name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError("must be lowercase letters, digits and '-' (a DNS label)")
+        return v
+
+    @property
+    def effective_role(self) -> str:
+        return self.role or self.name
+
+
+class PriorityClass(StrEnum):
+    LOW = "low"
+    NORMAL = "normal"
+    HIGH = "high"
+    URGENT = "urgent"
+
+
+class JobSpec(_Spec):
+    api_version: str = Field(default="kairos/v1")
+    kind: str = Field(default="Job")
+    name: Annotated[str, Field(min_length=1, max_length=63)]
+    queue: Annotated[str, Field(min_length=1, max_length=63)] = "default"
+    priority_class: PriorityClass = PriorityClass.NORMAL
+    priority: Annotated[int, Field(ge=-1000, le=1000, description="user priority")] = 0
+    min_available: Annotated[int | None, Field(ge=1)] = None
+    max_retry: Annotated[int, Field(ge=0, le=100)] = 3
+    time_limit: Annotated[int | None, Field(ge=1, description="seconds")] = None
+    duration: Annotated[
+        float | None, Field(ge=0, le=31_536_000, description="simulated run length, seconds")
+    ] = None
+    runtime_estimate: Annotated[float | None, Field(ge=0, description="seconds")] = None
+    preemptible: bool = True
+    labels: dict[str, str] = Field(default_factory=dict)
+    tasks: Annotated[list[TaskSpec], Field(min_length=1, max_length=64)]
+
+    @field_validator("name", "queue")
+    @classmethod
+    def _dns_name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError("must be lowercase letters, digits and '-' (a DNS label)")
+        return v
+
+    @field_validator("api_version")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        if v != "kairos/v1":
+            raise ValueError("only kairos/v1 is understood")
+        return v
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        if v != "Job":
+            raise ValueError("must be Job")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSpec:
+        names = [t.name for t in self.tasks]
+        if len(set(names)) != len(names):
+            raise ValueError("task names must be unique")
+        if self.min_available is not None and self.min_available > self.total_replicas:
+            raise ValueError(
+                f"minAvailable ({self.min_available}) exceeds total replicas ({self.total_replicas})"
+            )
+        return self
+
+    @property
+    def total_replicas(self) -> int:
+        return sum(t.replicas for t in self.tasks)
+
+    @property
+    def gang_size(self) -> int:
+        """Replicas that must start together (all of them unless minAvailable says fewer)."""
+        return self.min_available or self.total_replicas
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(t.replicas * t.resources.gpu for t in self.tasks)
+
+
+def parse_job_spec(data: dict[str, Any]) -> JobSpec:
+    """Validate a decoded YAML/JSON document; raises pydantic.ValidationError."""
+    return JobSpec.model_validate(data)

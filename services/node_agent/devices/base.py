@@ -1,12 +1,22 @@
-"""The interface both device backends (NVML, simulated) implement."""
+"""The interface both device backends (NVML, simulated) implement.
+
+Standard library only, and importable on Python 3.8+: ``devices/nvml.py`` imports this
+module and runs as a probe on GPU hosts whose Python is not the project's: annotations
+are never evaluated (``from __future__ import annotations``), so the 3.10+ syntax in them
+is safe; keep runtime code free of 3.9+ features (no ``slots=True``, no ``match``).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Protocol
 
+# XID codes that an application causes (bad kernel, MMU fault from user code, ...);
+# the NVIDIA device plugin skips the same ones when it marks a GPU unhealthy.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True)
 class GpuDevice:
     index: int
     uuid: str
@@ -16,9 +26,11 @@ class GpuDevice:
     mig_mode: bool = False
     nvlink_peers: tuple[int, ...] = ()
     nvlink_domain: int = 0
+    pci_bus_id: str = ""
+    numa_node: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class GpuSample:
     index: int
     utilization_pct: float
@@ -26,12 +38,25 @@ class GpuSample:
     temperature_c: float
     power_w: float = 0.0
     sm_clock_mhz: int = 0
-    ecc_errors: int = 0
-    xid_errors: int = 0
+    ecc_errors: int = 0  # volatile uncorrected ECC errors since the driver loaded
+    xid_errors: int = 0  # critical (non-application) XID events seen by this agent
     process_memory_mib: dict[int, int] = field(default_factory=dict)  # pid -> MiB
+    memory_utilization_pct: float = 0.0
+    mem_clock_mhz: int = 0
+    last_xid: int = 0
+
+    def health_reasons(self, max_temp_c: float = 90.0) -> list[str]:
+        reasons = []
+        if self.ecc_errors > 0:
+            reasons.append(f"{self.ecc_errors} uncorrected ECC errors")
+        if self.xid_errors > 0:
+            reasons.append(f"{self.xid_errors} XID errors (last {self.last_xid})")
+        if self.temperature_c > max_temp_c:
+            reasons.append(f"temperature {self.temperature_c:.0f}C > {max_temp_c:.0f}C")
+        return reasons
 
     def degraded(self, max_temp_c: float = 90.0) -> bool:
-        return self.ecc_errors > 0 or self.xid_errors > 0 or self.temperature_c > max_temp_c
+        return bool(self.health_reasons(max_temp_c))
 
 
 class DeviceBackend(Protocol):

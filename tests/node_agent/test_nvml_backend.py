@@ -1,0 +1,157 @@
+"""The NVML backend against ``tests/fakes/fake_nvml.py``.
+
+The fake is NOT NVML: it implements the real nvidia-ml-py contract (names, parameters,
+error classes, return structures) for exactly the functions the backend calls, with
+values from real H100 HGX and A100 PCIe devices. ``test_fake_matches_real_pynvml`` keeps
+it honest against the installed pynvml. On a real GPU host, run
+``python -m services.node_agent.devices.nvml`` instead.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from services.node_agent.devices import nvml as nvml_backend
+from services.node_agent.devices.nvml import NvmlDevices, NvmlUnavailable
+from tests.fakes.fake_nvml import FAKE_FUNCTIONS, FakeNvml, a100_pcie_bridged, h100_hgx
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def hgx(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
+    fake = FakeNvml(h100_hgx())
+    monkeypatch.setattr(nvml_backend, "pynvml", fake)
+    return fake
+
+
+def test_fake_matches_real_pynvml() -> None:
+    for name in FAKE_FUNCTIONS:
+        real = getattr(pynvml, name)
+        fake_params = list(inspect.signature(getattr(FakeNvml, name)).parameters)[1:]
+        assert list(inspect.signature(real).parameters) == fake_params, name
+
+
+def test_inventory_of_an_hgx_h100(hgx: FakeNvml) -> None:
+    backend = NvmlDevices()
+    devices = backend.devices()
+    assert len(devices) == 8
+    d0 = devices[0]
+    assert d0.model == "NVIDIA H100 80GB HBM3"
+    assert d0.memory_mib == 81559
+    assert d0.compute_capability == "9.0"
+    assert d0.uuid.startswith("GPU-")
+    assert d0.pci_bus_id == "0000:18:00.0"
+    assert not d0.mig_mode
+    # NVSwitch: every GPU reaches every other, one domain
+    assert d0.nvlink_peers == (1, 2, 3, 4, 5, 6, 7)
+    assert {d.nvlink_domain for d in devices} == {0}
+    backend.close()
+    assert not hgx.initialised
+    assert hgx.freed_event_sets == 8
+
+
+def test_bridged_pairs_form_two_domains(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nvml_backend, "pynvml", FakeNvml(a100_pcie_bridged()))
+    devices = NvmlDevices().devices()
+    assert [d.nvlink_peers for d in devices] == [(1,), (0,), (3,), (2,)]
+    assert [d.nvlink_domain for d in devices] == [0, 0, 1, 1]
+    assert devices[0].memory_mib == 81920
+
+
+def test_no_nvlink_and_unsupported_fields_degrade_gracefully(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus = a100_pcie_bridged(2)
+    for gpu in gpus:
+        gpu.nvlinks = []
+        gpu.unsupported = {"nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetPowerUsage",
+                           "nvmlDeviceGetMigMode", "nvmlDeviceRegisterEvents",
+                           "nvmlDeviceGetMPSComputeRunningProcesses"}
+    monkeypatch.setattr(nvml_backend, "pynvml", FakeNvml(gpus))
+    backend = NvmlDevices()
+    assert [d.nvlink_domain for d in backend.devices()] == [0, 1]
+    assert all(d.nvlink_peers == () for d in backend.devices())
+    s = backend.sample()[0]
+    assert (s.ecc_errors, s.power_w, s.xid_errors) == (0, 0.0, 0)
+    assert not s.degraded()
+
+
+def test_sample_reads_telemetry_and_process_memory(hgx: FakeNvml) -> None:
+    gpu = hgx.gpus[2]
+    gpu.util_gpu, gpu.util_mem, gpu.temperature = 97, 41, 64
+    gpu.power_mw, gpu.sm_clock = 612_345, 1980
+    gpu.run(4242, 20_480)
+    gpu.run(4343, 1_024, mps=True)
+    gpu.run(4444, None)  # driver cannot tell (WDDM-like): counted as 0
+    backend = NvmlDevices()
+    s = backend.sample()[2]
+    assert s.utilization_pct == 97.0
+    assert s.memory_utilization_pct == 41.0
+    assert s.memory_used_mib == 21_504
+    assert s.temperature_c == 64.0
+    assert s.power_w == pytest.approx(612.345)
+    assert s.sm_clock_mhz == 1980
+    assert s.mem_clock_mhz == 2619
+    assert s.process_memory_mib == {4242: 20_480, 4343: 1_024, 4444: 0}
+    assert not s.degraded()
+
+
+def test_ecc_xid_temperature_and_lost_gpu_mark_degraded(hgx: FakeNvml) -> None:
+    backend = NvmlDevices()
+    hgx.gpus[0].ecc_uncorrected = 2
+    hgx.gpus[1].xid(13)  # application error: not the GPU's fault
+    hgx.gpus[2].xid(48)  # double-bit ECC error
+    hgx.gpus[3].temperature = 93
+    samples = backend.sample()
+    assert samples[0].degraded()
+    assert not samples[1].degraded()
+    assert samples[2].degraded()
+    assert samples[2].last_xid == 48
+    assert "temperature 93C > 90C" in samples[3].health_reasons()
+    assert not samples[4].degraded()
+    hgx.gpus[5].lost = True
+    lost = backend.sample()[5]
+    assert lost.degraded()
+    assert lost.last_xid == 79
+    assert backend.sample()[5].xid_errors == 1  # counted once, stays degraded
+
+
+def test_no_driver_raises_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nvml_backend, "pynvml", FakeNvml(h100_hgx(), driver_loaded=False))
+    with pytest.raises(NvmlUnavailable):
+        NvmlDevices()
+
+
+def test_probe_output_is_json(hgx: FakeNvml) -> None:
+    out = nvml_backend.probe()
+    assert out["driver_version"] == "550.90.07"
+    assert len(out["devices"]) == 8
+    assert len(out["samples"]) == 8
+    json.dumps(out)
+
+
+def test_module_runs_standalone_without_kairos_imports() -> None:
+    """``python -m ...devices.nvml`` imports nothing of Kairos beyond devices/base.py."""
+    code = (
+        "import sys, runpy\n"
+        "sys.argv = ['nvml']\n"
+        "try:\n"
+        "    runpy.run_module('services.node_agent.devices.nvml', run_name='__main__')\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "mods = sorted(m for m in sys.modules if m.startswith(('services', 'shared', 'scheduling')))\n"
+        "print(mods)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, check=True)
+    mods = eval(proc.stdout.strip().splitlines()[-1])
+    assert set(mods) <= {"services", "services.node_agent", "services.node_agent.devices",
+                         "services.node_agent.devices.base", "services.node_agent.devices.nvml"}
+    # no GPU here: the probe says why, as JSON, instead of a traceback
+    assert "error" in json.loads(proc.stderr.strip().splitlines()[-1])

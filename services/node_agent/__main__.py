@@ -1,0 +1,3 @@
+from services.node_agent.main import run
+
+run()

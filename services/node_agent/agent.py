@@ -1,0 +1,192 @@
+"""One node's agent: carries out bindings through a runtime and reports every transition.
+
+Bindings are idempotent (a task is keyed by job/task/attempt and started once) and
+fenced (a binding from a lower scheduler epoch than one already seen is refused).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.node_agent.devices.simulated import SimulatedDevices
+from services.node_agent.runtimes.base import (
+    GpuGrant,
+    Runtime,
+    RuntimeStartError,
+    TaskExit,
+    TaskLaunch,
+)
+from shared.events import (
+    Binding,
+    BindingAction,
+    BindingRefused,
+    Event,
+    GpuHealth,
+    GpuInfo,
+    GpuTelemetry,
+    JobState,
+    JobStatus,
+    NodeHeartbeat,
+    NodeInventory,
+    NodeTelemetry,
+    TaskBinding,
+)
+from shared.logging import get_logger
+
+log = get_logger(__name__)
+Publish = Callable[[Event, str | None], Awaitable[None]]
+
+
+@dataclass
+class TaskRecord:
+    launch: TaskLaunch
+    stop_state: JobState | None = None  # set when the scheduler asked for a stop
+
+
+class NodeAgent:
+    def __init__(self, inventory: NodeInventory, devices: SimulatedDevices,
+                 runtime_factory: Callable[[Callable[[TaskExit], Awaitable[None]]], Runtime],
+                 publish: Publish, state_dir: str = "") -> None:
+        self.inventory = inventory
+        self.node_id = inventory.node_id
+        self.devices = devices
+        self.runtime = runtime_factory(self._on_exit)
+        self._publish = publish
+        self._tasks: dict[str, TaskRecord] = {}
+        self._gpu_load: dict[int, tuple[float, int]] = {}  # index -> (compute %, MiB)
+        self._done: OrderedDict[str, None] = OrderedDict()  # keys that ran; never start again
+        self._epoch_file = Path(state_dir, self.node_id, "epoch") if state_dir else None
+        self.max_epoch = self._load_epoch()
+
+    def _load_epoch(self) -> int:
+        if self._epoch_file and self._epoch_file.exists():
+            return int(self._epoch_file.read_text() or 0)
+        return 0
+
+    def _save_epoch(self) -> None:
+        if self._epoch_file:
+            self._epoch_file.parent.mkdir(parents=True, exist_ok=True)
+            self._epoch_file.write_text(str(self.max_epoch))
+
+    async def handle(self, b: Binding) -> None:
+        if b.epoch < self.max_epoch:
+            log.warning("binding from a stale scheduler refused", binding=b.binding_id,
+                        epoch=b.epoch, current=self.max_epoch)
+            await self._publish(BindingRefused(
+                job_id=b.job_id, node_id=self.node_id, binding_id=b.binding_id,
+                reason="stale_epoch", epoch=b.epoch, current_epoch=self.max_epoch),
+                f"refused-{b.binding_id}-e{b.epoch}")
+            return
+        if b.epoch > self.max_epoch:
+            self.max_epoch = b.epoch
+            self._save_epoch()
+        if b.action is BindingAction.ALLOCATE:
+            for t in b.tasks:
+                await self._start(b, t)
+        elif b.action is BindingAction.STOP:
+            stop_state = (JobState.PREEMPTED if b.reason.startswith("preempt")
+                          else JobState.CANCELLED)
+            for t in b.tasks:
+                await self._stop(b, t.task_id, stop_state)
+
+    async def _start(self, b: Binding, t: TaskBinding) -> None:
+        launch = TaskLaunch(
+            job_id=b.job_id, task_id=t.task_id, attempt=b.attempt, image=t.image,
+            command=tuple(t.command), env={**t.env, **self._rendezvous(b, t)},
+            gpus=tuple(GpuGrant(g.index, g.uuid, g.memory_mib, g.compute_pct) for g in t.gpus),
+            cpu_milli=t.cpu_milli, memory_mib=t.memory_mib, duration_s=b.duration_s)
+        if launch.key in self._tasks or launch.key in self._done:
+            return  # a redelivered binding: started once already
+        self._tasks[launch.key] = TaskRecord(launch)
+        try:
+            await self.runtime.start(launch)
+        except RuntimeStartError as exc:
+            self._tasks.pop(launch.key, None)
+            self._remember(launch.key)
+            await self._report(launch, JobState.FAILED, "start_failed", 127, str(exc))
+            return
+        self._load(launch, +1)
+        await self._report(launch, JobState.RUNNING, "started")
+
+    @staticmethod
+    def _rendezvous(b: Binding, t: TaskBinding) -> dict[str, str]:
+        return {"MASTER_ADDR": b.master_addr, "MASTER_PORT": str(b.master_port),
+                "WORLD_SIZE": str(b.world_size), "RANK": str(t.rank),
+                "KAIROS_JOB_ID": b.job_id, "KAIROS_TASK_ID": t.task_id}
+
+    async def _stop(self, b: Binding, task_id: str, state: JobState) -> None:
+        key = f"{b.job_id}/{task_id}/{b.attempt}"
+        rec = self._tasks.get(key)
+        if rec is None:
+            if key not in self._done:  # never started here: nothing to stop, say so
+                self._remember(key)
+                await self._publish(JobStatus(
+                    job_id=b.job_id, state=state, reason=f"stopped before start: {b.reason}",
+                    attempt=b.attempt, task=task_id, node_id=self.node_id, epoch=b.epoch),
+                    f"{state.value}-{key}")
+            return
+        rec.stop_state = state
+        await self.runtime.stop(key, b.grace_period_s)
+
+    async def _on_exit(self, ex: TaskExit) -> None:
+        rec = self._tasks.pop(ex.key, None)
+        if rec is None:
+            return
+        self._remember(ex.key)
+        self._load(rec.launch, -1)
+        if rec.stop_state is not None:
+            state, reason = rec.stop_state, "stopped by scheduler"
+        elif ex.exit_code == 0:
+            state, reason = JobState.SUCCEEDED, ex.reason
+        else:
+            state, reason = JobState.FAILED, ex.reason
+        await self._report(rec.launch, state, reason, ex.exit_code, ex.message or None)
+
+    def _remember(self, key: str) -> None:
+        self._done[key] = None
+        if len(self._done) > 100_000:
+            self._done.popitem(last=False)
+
+    def _load(self, launch: TaskLaunch, sign: int) -> None:
+        for g in launch.gpus:
+            busy, mem = self._gpu_load.get(g.index, (0.0, 0))
+            share = g.compute_pct if g.memory_mib else 100
+            used = g.memory_mib or int(self.inventory.gpus[g.index].memory_mib * 0.9)
+            busy, mem = max(0.0, busy + sign * share * 0.95), max(0, mem + sign * used)
+            self._gpu_load[g.index] = (busy, mem)
+            self.devices.set_load(g.index, busy, mem)
+
+    async def _report(self, launch: TaskLaunch, state: JobState, reason: str,
+                      exit_code: int | None = None, message: str | None = None) -> None:
+        await self._publish(JobStatus(
+            job_id=launch.job_id, state=state, reason=reason, attempt=launch.attempt,
+            exit_code=exit_code, task=launch.task_id, node_id=self.node_id, message=message),
+            f"{state.value}-{launch.key}")
+
+    def heartbeat(self) -> NodeHeartbeat:
+        return NodeHeartbeat(node_id=self.node_id, running_tasks=len(self._tasks),
+                             max_epoch_seen=self.max_epoch)
+
+    def telemetry(self) -> NodeTelemetry:
+        return NodeTelemetry(node_id=self.node_id, gpus=[
+            GpuTelemetry(index=s.index, utilization_pct=s.utilization_pct,
+                         memory_used_mib=s.memory_used_mib, temperature_c=s.temperature_c,
+                         power_w=s.power_w,
+                         health=GpuHealth.DEGRADED if s.degraded() else GpuHealth.HEALTHY)
+            for s in self.devices.sample()])
+
+    async def close(self) -> None:
+        await self.runtime.close()
+
+
+def simulated_inventory(node_id: str, devices: SimulatedDevices, cpu_milli: int,
+                        memory_mib: int, rack: str) -> NodeInventory:
+    return NodeInventory(
+        node_id=node_id, hostname=node_id, address="127.0.0.1", cpu_milli=cpu_milli,
+        memory_mib=memory_mib, rack=rack, runtime="simulated",
+        gpus=[GpuInfo(index=d.index, uuid=d.uuid, model=d.model, memory_mib=d.memory_mib,
+                      nvlink_domain=d.nvlink_domain, nvlink_peers=list(d.nvlink_peers))
+              for d in devices.devices()])

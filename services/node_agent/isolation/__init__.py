@@ -1,0 +1,1 @@
+"""Isolation of GPU shares: CUDA MPS, share environment, per-process memory watchdog."""

@@ -1,0 +1,104 @@
+"""The node-agent process: hosts one real node, or N simulated nodes for scale tests.
+
+It reads only the bindings partitions its nodes hash to (manual assignment, no group
+rebalancing), so at 1,000 nodes an agent does not read every binding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+from aiokafka import TopicPartition
+
+from services.node_agent.agent import NodeAgent, simulated_inventory
+from services.node_agent.devices.simulated import SimulatedDevices
+from services.node_agent.runtimes.simulated import SimulatedRuntime
+from services.node_agent.settings import AgentSettings
+from shared.bus import Consumer, ConsumerOptions, partition_for
+from shared.events import Binding, Envelope, Event, NodeRegistered, utcnow
+from shared.http import HttpServer, ops_app
+from shared.service import ServiceRuntime
+from shared.topics import BINDINGS
+
+
+class AgentHost:
+    def __init__(self, settings: AgentSettings, rt: ServiceRuntime) -> None:
+        self.settings = settings
+        self.rt = rt
+        self.started_at = utcnow()
+        self.agents: dict[str, NodeAgent] = {}
+        names = ([settings.node_id] if settings.sim_nodes <= 1 else
+                 [f"{settings.node_id}-{i}" for i in range(settings.sim_nodes)])
+        if settings.node_runtime != "simulated":
+            raise SystemExit(f"runtime {settings.node_runtime!r} is not available in this build")
+        for name in names:
+            devices = SimulatedDevices(name, settings.sim_gpus_per_node, settings.sim_gpu_model,
+                                       settings.sim_gpu_memory_mib)
+            inv = simulated_inventory(name, devices, settings.node_cpu_milli,
+                                      settings.node_memory_mib, settings.rack)
+            self.agents[name] = NodeAgent(inv, devices, SimulatedRuntime, self.publish,
+                                          settings.state_dir)
+
+    async def publish(self, event: Event, event_id: str | None) -> None:
+        await self.rt.producer.publish(event, event_id=event_id)
+
+    async def handle(self, env: Envelope, event: Event) -> None:
+        if isinstance(event, Binding):
+            agent = self.agents.get(event.node_id)
+            if agent is not None:  # other nodes share our partitions
+                await agent.handle(event)
+
+    def partitions(self) -> list[TopicPartition]:
+        return sorted({TopicPartition(BINDINGS.name, partition_for(BINDINGS.name, n))
+                       for n in self.agents}, key=lambda tp: tp.partition)
+
+    def group_id(self) -> str:
+        digest = hashlib.sha1(",".join(sorted(self.agents)).encode()).hexdigest()[:10]
+        return f"node-agent.{self.settings.node_id}.{digest}"
+
+    async def register(self) -> None:
+        for agent in self.agents.values():
+            await self.publish(NodeRegistered(inventory=agent.inventory,
+                                              agent_started_at=self.started_at), None)
+
+    async def heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_s)
+            for agent in self.agents.values():
+                await self.publish(agent.heartbeat(), None)
+
+    async def telemetry(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.telemetry_s)
+            for agent in self.agents.values():
+                await self.publish(agent.telemetry(), None)
+
+    async def close(self) -> None:
+        for agent in self.agents.values():
+            await agent.close()
+
+
+async def main(settings: AgentSettings | None = None) -> None:
+    settings = settings or AgentSettings()
+    rt = ServiceRuntime(settings, use_db=False)
+    await rt.start_dependencies()
+    host = AgentHost(settings, rt)
+    consumer = Consumer(
+        settings,
+        ConsumerOptions(host.group_id(), [BINDINGS.name], assign=host.partitions(),
+                        from_beginning=False),
+        host.handle, rt.producer)
+    await consumer.start()  # positions fixed before the scheduler can see us
+    rt.add_consumer(consumer)
+    rt.add_loop(host.heartbeats)
+    rt.add_loop(host.telemetry)
+    await host.register()
+    try:
+        await rt.run(HttpServer(ops_app(rt.ready), settings.http_host, settings.http_port))
+    finally:
+        await host.close()
+
+
+def run() -> None:
+    asyncio.run(main())

@@ -1,0 +1,20 @@
+import socket
+
+from shared.config import CommonSettings
+
+
+class AgentSettings(CommonSettings):
+    service_name: str = "node-agent"
+    http_port: int = 8003
+    node_id: str = socket.gethostname()
+    node_runtime: str = "simulated"  # simulated | process | kubernetes
+    sim_nodes: int = 1  # simulated nodes hosted by this process (node ids <node_id>-<i>)
+    sim_gpus_per_node: int = 8
+    sim_gpu_model: str = "NVIDIA H100 80GB HBM3"
+    sim_gpu_memory_mib: int = 81559
+    node_cpu_milli: int = 128_000
+    node_memory_mib: int = 1_048_576
+    heartbeat_s: float = 5.0
+    telemetry_s: float = 5.0
+    state_dir: str = ""  # where the highest epoch seen survives a restart; empty = memory
+    rack: str = "rack-0"

@@ -57,11 +57,25 @@ class Runtime(Protocol):
     async def start(self, launch: TaskLaunch) -> None:
         """Start the task; returns once it is running. Raises RuntimeStartError."""
 
-    async def stop(self, key: str, grace_s: float) -> None:
-        """Signal the task, wait up to ``grace_s``, then kill it. Idempotent."""
+    async def stop(self, key: str, grace_s: float, reason: str = "stopped",
+                   message: str = "") -> None:
+        """Signal the task, wait up to ``grace_s``, then kill it. Idempotent.
+
+        The exit is reported through the ExitCallback with ``reason``/``message``
+        (e.g. "preempted", "cancelled", "share_exceeded") and the real exit code."""
 
     async def running(self) -> list[str]:
         """Keys of tasks this runtime still runs (used to reconcile after a restart)."""
+
+    async def reconcile(self) -> list[TaskExit]:
+        """After a restart: adopt the tasks still running (they then report through the
+        ExitCallback) and return those that ended unreported while the agent was down."""
+
+    def forget(self, key: str) -> None:
+        """The exit of ``key`` was published; ``reconcile`` stops returning it."""
+
+    def logs(self, key: str, tail: int | None = None) -> str:
+        """The task's output; raises KeyError for an unknown task."""
 
     async def close(self) -> None:
         """Release resources; running tasks of a simulated runtime end."""

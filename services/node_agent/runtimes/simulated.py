@@ -31,17 +31,29 @@ class SimulatedRuntime:
         self._tasks.pop(key, None)
         await self._on_exit(TaskExit(key, 0, "completed"))
 
-    async def stop(self, key: str, grace_s: float) -> None:
+    async def stop(self, key: str, grace_s: float, reason: str = "stopped",
+                   message: str = "") -> None:
         task = self._tasks.pop(key, None)
         if task is None:
             return
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        await self._on_exit(TaskExit(key, 137, "stopped"))
+        await self._on_exit(TaskExit(key, 137, reason, message))
 
     async def running(self) -> list[str]:
         return list(self._tasks)
+
+    async def reconcile(self) -> list[TaskExit]:
+        return []  # simulated tasks do not outlive the agent
+
+    def forget(self, key: str) -> None:
+        return None
+
+    def logs(self, key: str, tail: int | None = None) -> str:
+        if key not in self._tasks:
+            raise KeyError(key)
+        return ""
 
     async def close(self) -> None:
         for task in self._tasks.values():

@@ -1,0 +1,203 @@
+"""The HTTP gateway: submit, get, list and cancel jobs; list nodes. All under /v1."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Annotated, Any
+
+import yaml
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.admission import store
+from services.admission.auth import Principal, authenticate
+from services.admission.settings import AdmissionSettings
+from shared.events import JobState
+from shared.http import ReadyCheck, add_ops_routes
+from shared.jobspec import JobSpec, parse_job_spec
+
+Caller = Annotated[Principal, Depends(authenticate)]
+
+
+class HistoryEntry(BaseModel):
+    state: str
+    reason: str
+    attempt: int
+    exit_code: int | None = None
+    task: str | None = None
+    node_id: str | None = None
+    message: str | None = None
+    occurred_at: datetime
+
+
+class PlacementEntry(BaseModel):
+    task_id: str
+    node_id: str
+    attempt: int
+    gpus: list[dict[str, Any]]
+    cpu_milli: int
+    memory_mib: int
+
+
+class JobOut(BaseModel):
+    id: str
+    name: str
+    queue: str
+    tenant: str
+    user: str
+    state: str
+    reason: str
+    attempt: int
+    exit_code: int | None = None
+    submitted_at: datetime
+    updated_at: datetime
+    spec: dict[str, Any]
+    history: list[HistoryEntry] | None = None
+    placement: list[PlacementEntry] | None = None
+
+
+class JobList(BaseModel):
+    items: list[JobOut]
+    limit: int
+    offset: int
+    next_offset: int | None
+
+
+class NodeOut(BaseModel):
+    node_id: str
+    state: str
+    inventory: dict[str, Any]
+    last_heartbeat: datetime | None
+    gpus_total: int
+    gpus_allocated: int
+    gpus_shared: int
+    allocations: list[dict[str, Any]]
+
+
+def _validation_detail(exc: ValidationError) -> list[dict[str, Any]]:
+    return [
+        {"field": ".".join(str(p) for p in err["loc"]) or "(body)", "message": err["msg"],
+         "type": err["type"]}
+        for err in exc.errors(include_url=False, include_context=False)
+    ]
+
+
+def _job_out(row: dict[str, Any], detail: bool = False) -> JobOut:
+    spec = row["spec"] if isinstance(row["spec"], dict) else json.loads(row["spec"])
+    out = JobOut(**{k: row[k] for k in JobOut.model_fields if k in row and k not in (
+        "spec", "history", "placement")}, spec=spec)
+    if detail:
+        out.history = [HistoryEntry(**h) for h in row.get("history", [])]
+        out.placement = [PlacementEntry(**p) for p in row.get("placement", [])]
+    return out
+
+
+async def _read_spec(request: Request) -> JobSpec:
+    raw = await request.body()
+    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
+    try:
+        if ctype in ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml"):
+            data = yaml.safe_load(raw)
+        else:
+            data = json.loads(raw or b"null")
+    except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST,
+                            detail=f"body is not valid {ctype}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=[
+            {"field": "(body)", "message": "a job spec must be a mapping", "type": "dict_type"}])
+    try:
+        return parse_job_spec(data)
+    except ValidationError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
+                            detail=_validation_detail(exc)) from exc
+
+
+def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyCheck) -> FastAPI:
+    app = FastAPI(
+        title="Kairos gateway",
+        version="1",
+        description="Submit GPU training jobs, follow them, and see the cluster.",
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    add_ops_routes(app, ready)
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"detail": [
+            {"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"], "type": e["type"]}
+            for e in exc.errors()]})
+
+    @app.post("/v1/jobs", status_code=201, response_model=JobOut,
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/json": {"schema": JobSpec.model_json_schema(by_alias=True)},
+                  "application/yaml": {"schema": {"type": "string"}}}}})
+    async def submit_job(
+        request: Request, response: Response, caller: Caller,
+        idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    ) -> JobOut:
+        spec = await _read_spec(request)
+        row, created = await store.insert_job(engine, spec, caller.tenant, caller.user,
+                                              idempotency_key)
+        if not created:
+            response.status_code = status.HTTP_200_OK
+        response.headers["Location"] = f"/v1/jobs/{row['id']}"
+        return _job_out(row)
+
+    @app.get("/v1/jobs", response_model=JobList)
+    async def list_jobs(
+        caller: Caller,
+        state: JobState | None = None,
+        queue: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=settings.max_page_size)] = 100,
+        offset: Annotated[int, Query(ge=0)] = 0,
+    ) -> JobList:
+        tenant = None if caller.role == "admin" else caller.tenant
+        rows = await store.list_jobs(engine, tenant, state.value if state else None, queue,
+                                     limit + 1, offset)
+        more = len(rows) > limit
+        return JobList(items=[_job_out(r) for r in rows[:limit]], limit=limit, offset=offset,
+                       next_offset=offset + limit if more else None)
+
+    async def _visible_job(job_id: str, caller: Principal) -> dict[str, Any]:
+        row = await store.get_job(engine, job_id)
+        if row is None or (caller.role != "admin" and row["tenant"] != caller.tenant):
+            raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no job {job_id}")
+        return row
+
+    @app.get("/v1/jobs/{job_id}", response_model=JobOut)
+    async def get_job(job_id: str, caller: Caller) -> JobOut:
+        return _job_out(await _visible_job(job_id, caller), detail=True)
+
+    @app.delete("/v1/jobs/{job_id}", status_code=202, response_model=JobOut)
+    async def cancel_job(job_id: str, caller: Caller) -> JobOut:
+        row = await _visible_job(job_id, caller)
+        if JobState(row["state"]).terminal:
+            raise HTTPException(status.HTTP_409_CONFLICT,
+                                detail=f"job {job_id} already ended ({row['state']})")
+        await store.request_cancel(engine, job_id, caller.user)
+        return _job_out(row, detail=True)
+
+    @app.get("/v1/nodes", response_model=list[NodeOut])
+    async def list_nodes(caller: Caller) -> list[NodeOut]:
+        out = []
+        for n in await store.list_nodes(engine):
+            inv = n["inventory"]
+            used: set[int] = set()
+            shared: set[int] = set()
+            for a in n["allocations"]:
+                for g in a["gpus"]:
+                    (shared if g.get("memory_mib") else used).add(g["index"])
+            out.append(NodeOut(
+                node_id=n["node_id"], state=n["state"], inventory=inv,
+                last_heartbeat=n["last_heartbeat"], gpus_total=len(inv.get("gpus", [])),
+                gpus_allocated=len(used | shared), gpus_shared=len(shared - used),
+                allocations=n["allocations"]))
+        return out
+
+    return app

@@ -1,0 +1,54 @@
+"""Admission: the HTTP gateway, its outbox relay, and the read model it builds from events."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from services.admission import store
+from services.admission.app import create_app
+from services.admission.settings import AdmissionSettings
+from shared.bus import Consumer, ConsumerOptions
+from shared.events import (
+    Binding,
+    Envelope,
+    Event,
+    JobStatus,
+    NodeHeartbeat,
+    NodeLost,
+    NodeRegistered,
+)
+from shared.http import HttpServer
+from shared.outbox import OutboxRelay
+from shared.service import ServiceRuntime
+from shared.topics import BINDINGS, JOBS_STATUS, NODES_LIFECYCLE
+
+
+async def main(settings: AdmissionSettings | None = None) -> None:
+    settings = settings or AdmissionSettings()
+    rt = ServiceRuntime(settings)
+    await rt.start_dependencies()
+    assert rt.engine is not None
+    engine = rt.engine
+
+    async def handle(env: Envelope, event: Event) -> None:
+        if isinstance(event, JobStatus):
+            await store.apply_status(engine, env.id, event, env.occurred_at)
+        elif isinstance(event, Binding):
+            await store.apply_binding(engine, event, env.occurred_at)
+        elif isinstance(event, NodeRegistered | NodeHeartbeat | NodeLost):
+            await store.apply_node_event(engine, event, env.occurred_at)
+
+    rt.add_consumer(Consumer(
+        settings,
+        ConsumerOptions("admission", [JOBS_STATUS.name, BINDINGS.name, NODES_LIFECYCLE.name]),
+        handle, rt.producer))
+    relay = OutboxRelay(engine, rt.producer, settings.database_url,
+                        timedelta(seconds=settings.outbox_replay_window_s))
+    rt.add_loop(relay.run)
+    app = create_app(settings, engine, rt.ready)
+    await rt.run(HttpServer(app, settings.http_host, settings.http_port))
+
+
+def run() -> None:
+    asyncio.run(main())

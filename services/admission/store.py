@@ -1,0 +1,246 @@
+"""Admission's tables: jobs with their history, and the node/allocation read model."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from shared.events import (
+    Binding,
+    BindingAction,
+    JobState,
+    JobStatus,
+    JobSubmitted,
+    NodeHeartbeat,
+    NodeLost,
+    NodeRegistered,
+    utcnow,
+)
+from shared.jobspec import JobSpec
+from shared.outbox import add_to_outbox
+
+# Forward order of a job's life; a report never moves a job backwards within one attempt.
+_RANK = {
+    JobState.PENDING: 0,
+    JobState.ADMITTED: 1,
+    JobState.PREEMPTED: 1,
+    JobState.BOUND: 2,
+    JobState.RUNNING: 3,
+    JobState.SUCCEEDED: 4,
+    JobState.FAILED: 4,
+    JobState.CANCELLED: 4,
+}
+
+
+def accepts(current: JobState, current_attempt: int, new: JobState, attempt: int) -> bool:
+    """The job state machine: replays, stale attempts and moves out of a terminal state
+    are ignored; a cancel wins over anything not yet terminal."""
+    if current.terminal:
+        return False
+    if new is JobState.CANCELLED:
+        return True
+    if attempt != current_attempt:
+        return attempt > current_attempt
+    return _RANK[new] > _RANK[current] or (
+        new is JobState.PREEMPTED and current in (JobState.BOUND, JobState.RUNNING)
+    )
+
+
+def new_job_id() -> str:
+    return "j-" + uuid.uuid4().hex[:16]
+
+
+async def insert_job(
+    engine: AsyncEngine, spec: JobSpec, tenant: str, user: str, idempotency_key: str | None
+) -> tuple[dict[str, Any], bool]:
+    """Store the job and its jobs.submitted event in one transaction.
+
+    Returns (job row, created). A retried submit with the same idempotency key returns
+    the job created the first time.
+    """
+    async with engine.begin() as conn:
+        if idempotency_key:
+            existing = await _job_by_key(conn, tenant, idempotency_key)
+            if existing is not None:
+                return existing, False
+        job_id = new_job_id()
+        now = utcnow()
+        row = (await conn.execute(
+            text("""INSERT INTO jobs (id, name, queue, tenant, "user", spec, state, reason,
+                        idempotency_key, submitted_at, updated_at)
+                    VALUES (:id, :name, :queue, :tenant, :user, :spec, 'pending', 'accepted',
+                        :key, :now, :now)
+                    ON CONFLICT (tenant, idempotency_key) DO NOTHING
+                    RETURNING *"""),
+            {"id": job_id, "name": spec.name, "queue": spec.queue, "tenant": tenant,
+             "user": user, "spec": json.dumps(spec.model_dump(mode="json", by_alias=True)),
+             "key": idempotency_key, "now": now},
+        )).mappings().first()
+        if row is None:  # a concurrent retry with the same key won the race
+            assert idempotency_key is not None
+            existing = await _job_by_key(conn, tenant, idempotency_key)
+            assert existing is not None
+            return existing, False
+        await conn.execute(
+            text("""INSERT INTO job_events (event_id, job_id, state, reason, attempt, occurred_at)
+                    VALUES (:e, :j, 'pending', 'accepted', 1, :now)"""),
+            {"e": f"accepted-{job_id}", "j": job_id, "now": now},
+        )
+        await add_to_outbox(
+            conn,
+            JobSubmitted(job_id=job_id, queue=spec.queue, tenant=tenant, user=user, spec=spec,
+                         submitted_at=now),
+            "admission",
+            event_id=f"submitted-{job_id}",
+        )
+        return dict(row), True
+
+
+async def _job_by_key(conn: AsyncConnection, tenant: str, key: str) -> dict[str, Any] | None:
+    row = (await conn.execute(
+        text("SELECT * FROM jobs WHERE tenant = :t AND idempotency_key = :k"),
+        {"t": tenant, "k": key})).mappings().first()
+    return dict(row) if row else None
+
+
+async def get_job(engine: AsyncEngine, job_id: str) -> dict[str, Any] | None:
+    async with engine.connect() as conn:
+        row = (await conn.execute(text("SELECT * FROM jobs WHERE id = :j"), {"j": job_id})
+               ).mappings().first()
+        if row is None:
+            return None
+        job = dict(row)
+        job["history"] = [dict(r) for r in (await conn.execute(
+            text("""SELECT state, reason, attempt, exit_code, task, node_id, message, occurred_at
+                    FROM job_events WHERE job_id = :j ORDER BY seq"""), {"j": job_id})
+        ).mappings()]
+        job["placement"] = [dict(r) for r in (await conn.execute(
+            text("""SELECT task_id, node_id, attempt, gpus, cpu_milli, memory_mib, bound_at
+                    FROM allocations_view WHERE job_id = :j ORDER BY task_id"""), {"j": job_id})
+        ).mappings()]
+        return job
+
+
+async def list_jobs(engine: AsyncEngine, tenant: str | None, state: str | None,
+                    queue: str | None, limit: int, offset: int) -> list[dict[str, Any]]:
+    clauses, params = [], {"limit": limit, "offset": offset}
+    for col, val in (("tenant", tenant), ("state", state), ("queue", queue)):
+        if val is not None:
+            clauses.append(f"{col} = :{col}")
+            params[col] = val
+    where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            text(f"SELECT * FROM jobs {where} ORDER BY submitted_at, id LIMIT :limit OFFSET :offset"),
+            params)
+        return [dict(r) for r in rows.mappings()]
+
+
+async def request_cancel(engine: AsyncEngine, job_id: str, requested_by: str) -> None:
+    from shared.events import CommandAction, JobCommand
+
+    async with engine.begin() as conn:
+        await add_to_outbox(
+            conn,
+            JobCommand(job_id=job_id, action=CommandAction.CANCEL, reason="cancelled by user",
+                       requested_by=requested_by),
+            "admission",
+        )
+
+
+# --- the read model, fed by jobs.status, bindings and nodes.lifecycle -------------------
+
+
+async def apply_status(engine: AsyncEngine, event_id: str, st: JobStatus,
+                       occurred_at: datetime) -> None:
+    async with engine.begin() as conn:
+        inserted = await conn.scalar(
+            text("""INSERT INTO job_events (event_id, job_id, state, reason, attempt, exit_code,
+                        task, node_id, message, occurred_at)
+                    VALUES (:e, :j, :s, :r, :a, :x, :t, :n, :m, :o)
+                    ON CONFLICT (event_id) DO NOTHING RETURNING seq"""),
+            {"e": event_id, "j": st.job_id, "s": st.state.value, "r": st.reason, "a": st.attempt,
+             "x": st.exit_code, "t": st.task, "n": st.node_id, "m": st.message, "o": occurred_at})
+        if inserted is None:
+            return  # a replay
+        if st.task is not None:
+            if st.state.terminal or st.state is JobState.PREEMPTED:
+                await conn.execute(
+                    text("DELETE FROM allocations_view WHERE job_id = :j AND task_id = :t"
+                         " AND attempt <= :a"), {"j": st.job_id, "t": st.task, "a": st.attempt})
+            return
+        row = (await conn.execute(
+            text("SELECT state, attempt FROM jobs WHERE id = :j FOR UPDATE"), {"j": st.job_id})
+        ).first()
+        if row is None:
+            return
+        if not accepts(JobState(row.state), row.attempt, st.state, st.attempt):
+            return
+        await conn.execute(
+            text("""UPDATE jobs SET state = :s, reason = :r, attempt = GREATEST(attempt, :a),
+                        exit_code = COALESCE(:x, exit_code), updated_at = now()
+                    WHERE id = :j"""),
+            {"s": st.state.value, "r": st.reason, "a": st.attempt, "x": st.exit_code,
+             "j": st.job_id})
+        if st.state.terminal or st.state is JobState.PREEMPTED:
+            await conn.execute(text("DELETE FROM allocations_view WHERE job_id = :j"),
+                               {"j": st.job_id})
+
+
+async def apply_binding(engine: AsyncEngine, b: Binding, occurred_at: datetime) -> None:
+    if b.action is not BindingAction.ALLOCATE or not b.tasks:
+        return
+    async with engine.begin() as conn:
+        await conn.execute(
+            text("""INSERT INTO allocations_view (job_id, task_id, node_id, attempt, gpus,
+                        cpu_milli, memory_mib, bound_at)
+                    SELECT :j, :t, :n, :a, CAST(:g AS jsonb), :c, :m, :o
+                    WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE id = :j
+                        AND state IN ('succeeded', 'failed', 'cancelled'))
+                    ON CONFLICT (job_id, task_id) DO UPDATE SET node_id = EXCLUDED.node_id,
+                        attempt = EXCLUDED.attempt, gpus = EXCLUDED.gpus
+                    WHERE allocations_view.attempt < EXCLUDED.attempt"""),
+            [{"j": b.job_id, "t": t.task_id, "n": b.node_id, "a": b.attempt,
+              "g": json.dumps([g.model_dump() for g in t.gpus]), "c": t.cpu_milli,
+              "m": t.memory_mib, "o": occurred_at} for t in b.tasks])
+
+
+async def apply_node_event(engine: AsyncEngine,
+                           ev: NodeRegistered | NodeHeartbeat | NodeLost,
+                           occurred_at: datetime) -> None:
+    async with engine.begin() as conn:
+        if isinstance(ev, NodeRegistered):
+            await conn.execute(
+                text("""INSERT INTO nodes_view (node_id, inventory, state, last_heartbeat,
+                            registered_at)
+                        VALUES (:n, CAST(:i AS jsonb), 'ready', :o, :o)
+                        ON CONFLICT (node_id) DO UPDATE SET inventory = EXCLUDED.inventory,
+                            state = 'ready', last_heartbeat = EXCLUDED.last_heartbeat"""),
+                {"n": ev.inventory.node_id, "i": ev.inventory.model_dump_json(), "o": occurred_at})
+        elif isinstance(ev, NodeHeartbeat):
+            await conn.execute(
+                text("""UPDATE nodes_view SET last_heartbeat = GREATEST(last_heartbeat, :o),
+                            state = CASE WHEN state = 'lost' THEN 'ready' ELSE state END
+                        WHERE node_id = :n"""), {"n": ev.node_id, "o": occurred_at})
+        else:
+            await conn.execute(text("UPDATE nodes_view SET state = 'lost' WHERE node_id = :n"),
+                               {"n": ev.node_id})
+
+
+async def list_nodes(engine: AsyncEngine) -> list[dict[str, Any]]:
+    async with engine.connect() as conn:
+        nodes = [dict(r) for r in (await conn.execute(
+            text("SELECT * FROM nodes_view ORDER BY node_id"))).mappings()]
+        allocs = (await conn.execute(
+            text("SELECT node_id, job_id, task_id, gpus FROM allocations_view"))).mappings()
+        by_node: dict[str, list[dict[str, Any]]] = {}
+        for a in allocs:
+            by_node.setdefault(a["node_id"], []).append(dict(a))
+    for n in nodes:
+        n["allocations"] = by_node.get(n["node_id"], [])
+    return nodes

@@ -1,0 +1,3 @@
+from services.monitor.main import run
+
+run()

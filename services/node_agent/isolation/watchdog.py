@@ -1,0 +1,102 @@
+"""Share watchdog: stops a task whose processes use more GPU memory than it was granted.
+
+Every ``interval_s`` it samples per-process GPU memory (NVML, ``GpuSample.
+process_memory_mib``), sums it over each watched task's processes per GPU, and stops a
+task that is over its share (plus ``tolerance_mib``) in ``strikes`` consecutive samples,
+or that uses a GPU it was not granted. The stop goes through the runtime with reason
+``share_exceeded`` and a message naming the GPU and the figures, so the agent reports
+why. This is the enforcement where MPS (which refuses allocations past
+``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` itself) is unavailable, and a backstop where it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from services.node_agent.devices.base import DeviceBackend
+from services.node_agent.runtimes.base import GpuGrant
+
+log = logging.getLogger(__name__)
+
+REASON = "share_exceeded"
+
+
+@dataclass(frozen=True)
+class Violation:
+    key: str
+    message: str
+
+
+class ShareWatchdog:
+    def __init__(self, devices: DeviceBackend, runtime: object,
+                 task_pids: Callable[[str], set[int]], *, grace_s: float = 10.0,
+                 strikes: int = 2, tolerance_mib: int = 0, interval_s: float = 5.0) -> None:
+        self._devices = devices
+        self._runtime = runtime  # a Runtime whose stop() takes reason= and message=
+        self._task_pids = task_pids
+        self._grace_s = grace_s
+        self._strikes_needed = max(1, strikes)
+        self._tolerance = tolerance_mib
+        self._interval_s = interval_s
+        self._grants: dict[str, tuple[GpuGrant, ...]] = {}
+        self._strikes: dict[str, int] = {}
+
+    def watch(self, key: str, grants: Sequence[GpuGrant]) -> None:
+        """Watch a task holding GPU shares (whole-GPU tasks need no watching)."""
+        if any(g.memory_mib > 0 for g in grants):
+            self._grants[key] = tuple(grants)
+
+    def unwatch(self, key: str) -> None:
+        self._grants.pop(key, None)
+        self._strikes.pop(key, None)
+
+    def _violation(self, key: str, usage: dict[int, int]) -> str | None:
+        limits = {g.index: g.memory_mib for g in self._grants[key]}
+        for index, used in sorted(usage.items()):
+            if index not in limits:
+                return f"GPU {index}: uses {used} MiB of a GPU it was not granted"
+            limit = limits[index]
+            if limit and used > limit + self._tolerance:
+                return f"GPU {index}: uses {used} MiB, its share is {limit} MiB"
+        return None
+
+    async def check_once(self) -> list[Violation]:
+        """One sample; stops the tasks over their share and returns why."""
+        if not self._grants:
+            return []
+        samples = await asyncio.to_thread(self._devices.sample)
+        found = []
+        for key in list(self._grants):
+            pids = self._task_pids(key)
+            usage: dict[int, int] = {}
+            for s in samples:
+                used = sum(mib for pid, mib in s.process_memory_mib.items() if pid in pids)
+                if used:
+                    usage[s.index] = used
+            message = self._violation(key, usage)
+            if message is None:
+                self._strikes.pop(key, None)
+                continue
+            self._strikes[key] = self._strikes.get(key, 0) + 1
+            if self._strikes[key] >= self._strikes_needed:
+                found.append(Violation(key, message))
+        for v in found:
+            log.warning("stopping %s: %s", v.key, v.message)
+            self.unwatch(v.key)
+        await asyncio.gather(*(
+            self._runtime.stop(v.key, self._grace_s, reason=REASON,  # type: ignore[attr-defined]
+                               message=v.message)
+            for v in found))
+        return found
+
+    async def run(self) -> None:
+        """Check every ``interval_s`` until cancelled."""
+        while True:
+            try:
+                await self.check_once()
+            except Exception:
+                log.exception("share watchdog check failed")
+            await asyncio.sleep(self._interval_s)

@@ -1,0 +1,3 @@
+from services.queueing.main import run
+
+run()

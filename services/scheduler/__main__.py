@@ -1,0 +1,3 @@
+from services.scheduler.main import run
+
+run()

@@ -1,0 +1,152 @@
+"""The scheduler service: leader lease, cluster state from events, cycles, bindings."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+import uuid
+
+from prometheus_client import Counter, Gauge, Histogram
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from scheduling import first_fit
+from services.scheduler.leader import LeaderLease
+from services.scheduler.state import TERMINAL, NodeView, Output, SchedulerState
+from shared.bus import Consumer, ConsumerOptions
+from shared.config import CommonSettings
+from shared.events import Envelope, Event, NodeInventory
+from shared.http import HttpServer, ops_app
+from shared.logging import get_logger
+from shared.service import ServiceRuntime
+from shared.topics import JOBS_COMMANDS, JOBS_READY, JOBS_STATUS, NODES_LIFECYCLE, NODES_TELEMETRY
+
+log = get_logger(__name__)
+
+CYCLE_SECONDS = Histogram("kairos_scheduler_cycle_seconds", "Scheduling cycle time by phase",
+                          ["phase"], buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25,
+                                              .5, 1, 2.5))
+PLACEMENTS = Counter("kairos_scheduler_placements_total", "Tasks bound")
+PENDING = Gauge("kairos_scheduler_pending_jobs", "Jobs left pending, by reason", ["reason"])
+IS_LEADER = Gauge("kairos_scheduler_is_leader", "1 while this process leads")
+EPOCH = Gauge("kairos_scheduler_epoch", "The fencing epoch of this leader")
+
+
+class SchedulerSettings(CommonSettings):
+    service_name: str = "scheduler"
+    http_port: int = 8002
+
+
+class SchedulerService:
+    def __init__(self, rt: ServiceRuntime, engine: AsyncEngine, state: SchedulerState) -> None:
+        self.rt = rt
+        self.engine = engine
+        self.state = state
+        self.out = Output()
+
+    async def load(self) -> None:
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(text(
+                "SELECT job_id, state, attempt, ready, placement, tasks FROM sched_jobs"
+                " WHERE state NOT IN ('succeeded', 'failed', 'cancelled')"
+                " OR jsonb_path_exists(placement,"
+                " '$[*] ? (@.state == \"bound\" || @.state == \"running\")')"
+            ))).mappings().all()
+            for r in rows:
+                self.state.load_job(dict(r))
+            self.state.finished.update(x for (x,) in (await conn.execute(text(
+                "SELECT job_id FROM sched_jobs WHERE state IN ('succeeded', 'failed', 'cancelled')"
+            ))).all() if x not in self.state.jobs)
+            for r in (await conn.execute(text(
+                    "SELECT node_id, inventory, state FROM sched_nodes"))).mappings():
+                self.state.nodes[r["node_id"]] = NodeView(
+                    NodeInventory.model_validate(r["inventory"]), lost=r["state"] == "lost")
+        log.info("state loaded", jobs=len(self.state.jobs), nodes=len(self.state.nodes))
+
+    async def handle(self, env: Envelope, event: Event) -> None:
+        self.state.handle(event, self.out)
+
+    async def flush(self) -> None:
+        """After each batch: run a cycle if anything changed, persist, then publish."""
+        if self.state.needs_cycle:
+            t0 = time.perf_counter()
+            plan = self.state.cycle(time.time(), self.out)
+            CYCLE_SECONDS.labels("place").observe(time.perf_counter() - t0)
+            PLACEMENTS.inc(len(plan.binds))
+            PENDING.clear()
+            for reason in set(self.state.pending_reasons.values()):
+                PENDING.labels(reason).set(
+                    sum(1 for r in self.state.pending_reasons.values() if r == reason))
+        out, self.out = self.out, Output()
+        t1 = time.perf_counter()
+        await self.persist(out)
+        CYCLE_SECONDS.labels("persist").observe(time.perf_counter() - t1)
+        if out.events:
+            t2 = time.perf_counter()
+            await self.rt.producer.publish_many(out.events)
+            CYCLE_SECONDS.labels("publish").observe(time.perf_counter() - t2)
+        self.state.evict_finished()
+
+    async def persist(self, out: Output) -> None:
+        if not out.dirty_jobs and not out.dirty_nodes:
+            return
+        jobs = [self.state.job_row(j) for j in out.dirty_jobs if j in self.state.jobs]
+        async with self.engine.begin() as conn:
+            if jobs:
+                await conn.execute(text(
+                    """INSERT INTO sched_jobs (job_id, state, attempt, ready, placement, tasks,
+                           updated_at)
+                       VALUES (:job_id, :state, :attempt, CAST(:ready AS jsonb),
+                           CAST(:placement AS jsonb), CAST(:tasks AS jsonb), now())
+                       ON CONFLICT (job_id) DO UPDATE SET state = EXCLUDED.state,
+                           attempt = EXCLUDED.attempt, ready = EXCLUDED.ready,
+                           placement = EXCLUDED.placement, tasks = EXCLUDED.tasks,
+                           updated_at = now()"""),
+                    [{**j, "placement": json.dumps(j["placement"]), "tasks": json.dumps(j["tasks"])}
+                     for j in jobs])
+            nodes = [self.state.nodes[n] for n in out.dirty_nodes if n in self.state.nodes]
+            if nodes:
+                await conn.execute(text(
+                    """INSERT INTO sched_nodes (node_id, inventory, state)
+                       VALUES (:n, CAST(:i AS jsonb), :s)
+                       ON CONFLICT (node_id) DO UPDATE SET inventory = EXCLUDED.inventory,
+                           state = EXCLUDED.state, updated_at = now()"""),
+                    [{"n": v.inventory.node_id, "i": v.inventory.model_dump_json(),
+                      "s": "lost" if v.lost else "ready"} for v in nodes])
+
+
+async def main(settings: SchedulerSettings | None = None) -> None:
+    settings = settings or SchedulerSettings()
+    rt = ServiceRuntime(settings)
+    await rt.start_dependencies()
+    assert rt.engine is not None
+    lease = LeaderLease(settings.database_url, f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}")
+    http = HttpServer(ops_app(rt.ready), settings.http_host, settings.http_port)
+    await http.start()  # probes answer while standing by
+    epoch = await lease.acquire()
+    IS_LEADER.set(1)
+    EPOCH.set(epoch)
+    svc = SchedulerService(rt, rt.engine, SchedulerState(epoch, first_fit))
+    await svc.load()
+    svc.state.republish(svc.out)
+    await svc.flush()
+    rt.add_consumer(Consumer(
+        settings,
+        ConsumerOptions("scheduler", [JOBS_READY.name, JOBS_STATUS.name, JOBS_COMMANDS.name,
+                                      NODES_LIFECYCLE.name, NODES_TELEMETRY.name]),
+        svc.handle, rt.producer, on_batch_end=svc.flush))
+    rt.add_loop(lease.watch)
+    try:
+        await rt.run(http)
+    finally:
+        IS_LEADER.set(0)
+        await lease.release()
+
+
+def run() -> None:
+    asyncio.run(main())
+
+
+__all__ = ["TERMINAL", "SchedulerService", "main", "run"]

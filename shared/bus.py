@@ -1,0 +1,301 @@
+"""The event bus on aiokafka: a producer and a consumer loop.
+
+The consumer commits only after the handler succeeded (at-least-once), retries a
+failing handler with bounded backoff, dead-letters undecodable or permanently failing
+messages with the reason, and drops duplicates by event id. Kafka transactions and
+the idempotent producer are not used: the embedded broker lacks them, and every
+consumer is idempotent anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
+from aiokafka.partitioner import murmur2
+from pydantic import ValidationError
+
+from shared import metrics
+from shared.config import CommonSettings
+from shared.errors import NonRetryable
+from shared.events import DeadLetter, Envelope, Event
+from shared.logging import get_logger
+from shared.topics import ALL_TOPICS, BY_NAME, DEAD_LETTER, Topic, topic_for
+
+log = get_logger(__name__)
+
+
+def partition_for(topic: str, key: str) -> int:
+    """Kafka's default partitioner (murmur2), so producers and manual assigners agree."""
+    n = BY_NAME[topic].partitions
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % n
+
+
+async def ensure_topics(bootstrap: str, topics: Iterable[Topic] = ALL_TOPICS) -> None:
+    """Create the registry's topics; an existing topic is fine (Tansu says nothing,
+    Apache Kafka raises TopicAlreadyExistsError)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        new = [
+            NewTopic(t.name, t.partitions, 1, topic_configs={"retention.ms": str(t.retention_ms)})
+            for t in topics
+            if t.name not in existing
+        ]
+        if new:
+            try:
+                await admin.create_topics(new)
+            except TopicAlreadyExistsError:
+                pass
+    finally:
+        await admin.close()
+
+
+async def wait_for_broker(bootstrap: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        try:
+            await admin.start()
+            await admin.list_topics()
+            return
+        except (KafkaConnectionError, OSError) as exc:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Kafka at {bootstrap} unreachable after {timeout_s}s") from exc
+            log.info("waiting for kafka", bootstrap=bootstrap)
+            await asyncio.sleep(0.5)
+        finally:
+            await admin.close()
+
+
+class Producer:
+    """Publishes events in their envelope to the topic the registry assigns."""
+
+    def __init__(self, bootstrap: str, source: str, linger_ms: int = 0) -> None:
+        self.source = source
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap,
+            linger_ms=linger_ms,
+            acks="all",
+            enable_idempotence=False,
+            max_request_size=4 * 1024 * 1024,
+        )
+
+    async def start(self) -> None:
+        await self._producer.start()
+
+    async def stop(self) -> None:
+        await self._producer.stop()
+
+    async def publish(self, event: Event, event_id: str | None = None) -> Envelope:
+        env = Envelope.wrap(event, self.source, event_id)
+        await self.publish_envelope(env, topic_for(event).name)
+        return env
+
+    async def publish_envelope(self, env: Envelope, topic: str) -> None:
+        await self._producer.send_and_wait(
+            topic, env.encode(), key=env.key.encode(), partition=partition_for(topic, env.key)
+        )
+        metrics.PUBLISHED.labels(self.source, topic).inc()
+
+    async def publish_many(self, items: Sequence[tuple[Envelope, str]]) -> None:
+        """Send a batch and wait for every acknowledgement (order kept per partition)."""
+        futures = [
+            await self._producer.send(
+                topic, env.encode(), key=env.key.encode(), partition=partition_for(topic, env.key)
+            )
+            for env, topic in items
+        ]
+        await asyncio.gather(*futures)
+        for _, topic in items:
+            metrics.PUBLISHED.labels(self.source, topic).inc()
+
+    async def send_raw(self, topic: str, key: bytes | None, value: bytes) -> None:
+        await self._producer.send_and_wait(topic, value, key=key)
+
+
+Handler = Callable[[Envelope, Event], Awaitable[None]]
+BatchHook = Callable[[], Awaitable[None]]
+
+
+class _Dedupe:
+    """A bounded memory of event ids already handled."""
+
+    def __init__(self, capacity: int) -> None:
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._capacity = capacity
+
+    def seen(self, event_id: str) -> bool:
+        return event_id in self._seen
+
+    def add(self, event_id: str) -> None:
+        self._seen[event_id] = None
+        if len(self._seen) > self._capacity:
+            self._seen.popitem(last=False)
+
+
+@dataclass
+class ConsumerOptions:
+    group_id: str
+    topics: Sequence[str]
+    assign: Sequence[TopicPartition] | None = None  # manual assignment, no group rebalance
+    from_beginning: bool = True
+    max_records: int = 500
+
+
+class Consumer:
+    """One consumer loop: decode → dedupe → handle (retry) → dead-letter → commit."""
+
+    def __init__(
+        self,
+        settings: CommonSettings,
+        options: ConsumerOptions,
+        handler: Handler,
+        producer: Producer,
+        on_batch_end: BatchHook | None = None,
+    ) -> None:
+        self.settings = settings
+        self.options = options
+        self._handler = handler
+        self._producer = producer
+        self._on_batch_end = on_batch_end
+        self._dedupe = _Dedupe(settings.dedupe_window)
+        self._service = settings.service_name
+        common = dict(
+            bootstrap_servers=settings.kafka_bootstrap,
+            group_id=options.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest" if options.from_beginning else "latest",
+            fetch_max_wait_ms=settings.fetch_max_wait_ms,
+            max_poll_records=options.max_records,
+        )
+        if options.assign is None:
+            self._consumer = AIOKafkaConsumer(
+                *options.topics,
+                session_timeout_ms=settings.session_timeout_ms,
+                heartbeat_interval_ms=settings.heartbeat_interval_ms,
+                rebalance_timeout_ms=settings.rebalance_timeout_ms,
+                **common,
+            )
+        else:
+            self._consumer = AIOKafkaConsumer(**common)
+        self._stopping = asyncio.Event()
+        self._started = False
+
+    async def start(self) -> None:
+        """Connect and, for a manual assignment, fix the start positions now, so that
+        nothing published after ``start`` returns is skipped by an offset reset."""
+        if self._started:
+            return
+        self._started = True
+        await self._consumer.start()
+        if self.options.assign is not None:
+            self._consumer.assign(list(self.options.assign))
+            for tp in self.options.assign:
+                await self._consumer.position(tp)
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        await self._consumer.stop()
+
+    async def run(self) -> None:
+        """Consume until stopped. Offsets are committed after a whole batch is handled."""
+        while not self._stopping.is_set():
+            batch = await self._consumer.getmany(timeout_ms=200)
+            if not batch:
+                await self._report_lag()
+                continue
+            offsets: dict[TopicPartition, int] = {}
+            for tp, records in batch.items():
+                for record in records:
+                    await self._handle_record(record)
+                    offsets[tp] = record.offset + 1
+            if self._on_batch_end is not None:
+                await self._on_batch_end()
+            await self._consumer.commit(offsets)
+            await self._report_lag()
+
+    async def _report_lag(self) -> None:
+        for tp in self._consumer.assignment():
+            high = self._consumer.highwater(tp)
+            if high is None:
+                continue
+            pos = await self._consumer.position(tp)
+            metrics.CONSUMER_LAG.labels(self._service, tp.topic, str(tp.partition)).set(
+                max(0, high - pos)
+            )
+
+    async def _handle_record(self, record: ConsumerRecord[bytes, bytes]) -> None:
+        topic = record.topic
+        try:
+            env = Envelope.decode(record.value or b"")
+            event = env.payload()
+        except (ValidationError, KeyError, ValueError) as exc:
+            await self._dead_letter(record, "undecodable", repr(exc)[:2000])
+            return
+        if self._dedupe.seen(env.id):
+            metrics.MESSAGES.labels(self._service, topic, "duplicate").inc()
+            return
+        attempts = self.settings.handler_retries + 1
+        for attempt in range(1, attempts + 1):
+            started = time.perf_counter()
+            try:
+                await self._handler(env, event)
+            except NonRetryable as exc:
+                await self._dead_letter(record, "rejected", repr(exc)[:2000])
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if attempt == attempts:
+                    log.exception("handler failed permanently", event_id=env.id, topic=topic)
+                    await self._dead_letter(record, "handler_failed", repr(exc)[:2000])
+                    return
+                metrics.MESSAGES.labels(self._service, topic, "retried").inc()
+                log.warning("handler failed, retrying", event_id=env.id, attempt=attempt,
+                            error=repr(exc))
+                await asyncio.sleep(self.settings.retry_backoff_s * 2 ** (attempt - 1))
+            else:
+                metrics.HANDLER_SECONDS.labels(self._service, topic).observe(
+                    time.perf_counter() - started
+                )
+                metrics.MESSAGES.labels(self._service, topic, "ok").inc()
+                self._dedupe.add(env.id)
+                return
+
+    async def _dead_letter(
+        self, record: ConsumerRecord[bytes, bytes], reason: str, error: str
+    ) -> None:
+        letter = DeadLetter(
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            msg_key=record.key.decode(errors="replace") if record.key else None,
+            value=(record.value or b"").decode(errors="replace"),
+            reason=reason,
+            error=error,
+            consumer_group=self.options.group_id,
+        )
+        await self._producer.publish(letter)
+        metrics.DEADLETTERS.labels(self._service, record.topic, reason).inc()
+        metrics.MESSAGES.labels(self._service, record.topic, "deadlettered").inc()
+        log.warning("dead-lettered", topic=record.topic, offset=record.offset, reason=reason,
+                    error=error[:200])
+
+
+__all__ = [
+    "DEAD_LETTER",
+    "Consumer",
+    "ConsumerOptions",
+    "Producer",
+    "ensure_topics",
+    "partition_for",
+    "wait_for_broker",
+]

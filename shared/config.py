@@ -1,0 +1,27 @@
+"""Configuration from the environment (prefix ``KAIROS_``), one settings class per service."""
+
+from __future__ import annotations
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class CommonSettings(BaseSettings):
+    """What every service reads. Each service subclasses it with its own fields."""
+
+    model_config = SettingsConfigDict(env_prefix="KAIROS_", extra="ignore")
+
+    service_name: str = "kairos"
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    database_url: str = "postgresql+asyncpg://postgres@127.0.0.1:5432/kairos"
+    http_host: str = "127.0.0.1"
+    http_port: int = 8000
+    log_level: str = "INFO"
+    log_json: bool = True
+    # Consumer tuning: the default 500 ms fetch wait dominates end-to-end latency.
+    fetch_max_wait_ms: int = 5
+    session_timeout_ms: int = 10_000
+    heartbeat_interval_ms: int = 1_000
+    rebalance_timeout_ms: int = 10_000
+    handler_retries: int = 3
+    retry_backoff_s: float = 0.2
+    dedupe_window: int = 100_000

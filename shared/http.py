@@ -1,0 +1,60 @@
+"""Each service's own HTTP surface: /healthz, /readyz and /metrics, served by uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import uvicorn
+from fastapi import FastAPI, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+ReadyCheck = Callable[[], Awaitable[dict[str, bool]]]
+
+
+def add_ops_routes(app: FastAPI, ready: ReadyCheck) -> None:
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz(response: Response) -> dict[str, object]:
+        checks = await ready()
+        ok = all(checks.values())
+        response.status_code = 200 if ok else 503
+        return {"ready": ok, "checks": checks}
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics_endpoint() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+def ops_app(ready: ReadyCheck) -> FastAPI:
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    add_ops_routes(app, ready)
+    return app
+
+
+class HttpServer:
+    """uvicorn inside the service's event loop, stopped with the service."""
+
+    def __init__(self, app: FastAPI, host: str, port: int) -> None:
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                access_log=False, lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        if self._task is not None:
+            return
+        self._task = asyncio.create_task(self._server.serve())
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        self._server.should_exit = True
+        if self._task is not None:
+            await self._task

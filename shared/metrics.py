@@ -1,0 +1,30 @@
+"""Prometheus metrics every service exports about its own messaging."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+CONSUMER_LAG = Gauge(
+    "kairos_consumer_lag",
+    "Messages not yet consumed: highwater minus position",
+    ["service", "topic", "partition"],
+)
+HANDLER_SECONDS = Histogram(
+    "kairos_handler_seconds",
+    "Time spent handling one message",
+    ["service", "topic"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+MESSAGES = Counter(
+    "kairos_messages_total",
+    "Messages consumed, by outcome (ok, retried, deadlettered, duplicate)",
+    ["service", "topic", "outcome"],
+)
+DEADLETTERS = Counter(
+    "kairos_deadletters_total",
+    "Messages sent to the dead-letter topic",
+    ["service", "topic", "reason"],
+)
+PUBLISHED = Counter(
+    "kairos_published_total", "Events published", ["service", "topic"]
+)

@@ -1,0 +1,111 @@
+"""The shell every service runs in: start dependencies, run loops, stop cleanly on signal."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from shared.bus import Consumer, Producer, wait_for_broker
+from shared.config import CommonSettings
+from shared.db import make_engine, migrate, wait_for_database
+from shared.http import HttpServer
+from shared.logging import configure_logging, get_logger
+
+log = get_logger(__name__)
+
+
+async def check_database(engine: AsyncEngine) -> bool:
+    try:
+        async with engine.connect() as conn:
+            await asyncio.wait_for(conn.execute(text("SELECT 1")), 2)
+        return True
+    except Exception:
+        return False
+
+
+class ServiceRuntime:
+    """Owns the producer, the database engine, consumers, background loops and HTTP."""
+
+    def __init__(self, settings: CommonSettings, *, use_db: bool = True) -> None:
+        self.settings = settings
+        configure_logging(settings.service_name, settings.log_level, settings.log_json)
+        self.producer = Producer(settings.kafka_bootstrap, settings.service_name)
+        self.engine: AsyncEngine | None = (
+            make_engine(settings.database_url, pool_size=5) if use_db else None
+        )
+        self.consumers: list[Consumer] = []
+        self._loops: list[Callable[[], Awaitable[Any]]] = []
+        self._tasks: list[asyncio.Task[Any]] = []
+        self.http: HttpServer | None = None
+        self.stopping = asyncio.Event()
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        self.consumers.append(consumer)
+
+    def add_loop(self, loop: Callable[[], Awaitable[Any]]) -> None:
+        self._loops.append(loop)
+
+    async def ready(self) -> dict[str, bool]:
+        checks = {"broker": await self._broker_ok()}
+        if self.engine is not None:
+            checks["database"] = await check_database(self.engine)
+        return checks
+
+    async def _broker_ok(self) -> bool:
+        try:
+            client = self.producer._producer.client
+            return bool(await asyncio.wait_for(client.bootstrap_ok(), 2)) if hasattr(
+                client, "bootstrap_ok") else bool(client.cluster.brokers())
+        except Exception:
+            return False
+
+    async def start_dependencies(self) -> None:
+        await wait_for_broker(self.settings.kafka_bootstrap)
+        if self.engine is not None:
+            await wait_for_database(self.engine)
+            await migrate(self.engine)
+        await self.producer.start()
+
+    async def run(self, http: HttpServer | None = None) -> None:
+        """Start everything, run until SIGINT/SIGTERM, then stop in reverse order."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.stopping.set)
+        self.http = http
+        if http is not None:
+            await http.start()
+        for consumer in self.consumers:
+            await consumer.start()
+            self._tasks.append(asyncio.create_task(consumer.run()))
+        for fn in self._loops:
+            self._tasks.append(asyncio.create_task(fn()))
+        log.info("service started", port=self.settings.http_port)
+        stop_wait = asyncio.create_task(self.stopping.wait())
+        done, _ = await asyncio.wait([stop_wait, *self._tasks], return_when=asyncio.FIRST_COMPLETED)
+        for t in done:
+            if t is not stop_wait and t.exception() is not None:
+                log.error("a service loop died", error=repr(t.exception()))
+        await self.shutdown()
+
+    async def shutdown(self) -> None:
+        self.stopping.set()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        for consumer in self.consumers:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+        if self.http is not None:
+            await self.http.stop()
+        await self.producer.stop()
+        if self.engine is not None:
+            await self.engine.dispose()
+        log.info("service stopped")

@@ -143,7 +143,7 @@ async def test_restart_adopts_running_and_reports_ended_tasks(tmp_path: Path) ->
     assert second._read_state(survivor.key)["pid"] == pid_a
     assert second.logs(survivor.key) == "up\n"
 
-    second.forget(ended.key)
+    await second.forget(ended.key)
     assert await second.reconcile() == []
     await second.start(ended)  # a finished attempt is reported again, not rerun
     assert (await exits.wait(ended.key)).exit_code == 4
@@ -154,3 +154,10 @@ async def test_restart_adopts_running_and_reports_ended_tasks(tmp_path: Path) ->
     assert (done.exit_code, done.reason) == (5, "error")
     assert await second.running() == []
     await second.close()
+
+
+def test_pids_of_pod_by_cgroup() -> None:
+    own = Path("/proc/self/cgroup").read_text().strip().rsplit("/", 1)[-1]
+    assert procfs.pids_of_pod("") == set()
+    if own:  # our own cgroup's last path element stands in for a pod uid
+        assert procfs.pids_of_pod(own)

@@ -71,11 +71,12 @@ class Runtime(Protocol):
         """After a restart: adopt the tasks still running (they then report through the
         ExitCallback) and return those that ended unreported while the agent was down."""
 
-    def forget(self, key: str) -> None:
+    async def forget(self, key: str) -> None:
         """The exit of ``key`` was published; ``reconcile`` stops returning it."""
 
     def logs(self, key: str, tail: int | None = None) -> str:
-        """The task's output; raises KeyError for an unknown task."""
+        """The task's output; raises KeyError for an unknown task. Blocking (a file or an
+        HTTP read): call it through ``asyncio.to_thread``."""
 
     async def close(self) -> None:
         """Release resources; running tasks of a simulated runtime end."""

@@ -210,9 +210,9 @@ class LocalProcessRuntime:
         except Exception:  # the exit stays unreported: reconcile() returns it again
             log.exception("reporting the exit of %s failed", exit_.key)
             return
-        self.forget(exit_.key)
+        await self.forget(exit_.key)
 
-    def forget(self, key: str) -> None:
+    async def forget(self, key: str) -> None:
         """The exit of ``key`` was reported: keep only a tombstone."""
         state = self._read_state(key)
         if state is not None and not state.get("reported"):

@@ -57,3 +57,23 @@ def process_tree(root_pid: int) -> set[int]:
         members |= more
         grew = bool(more)
     return members
+
+
+def pids_of_pod(pod_uid: str) -> set[int]:
+    """Host pids of a Kubernetes Pod's processes, found by its uid in their cgroup path
+    (``pod<uid>`` with ``-`` or, under the systemd cgroup driver, ``_``). Needs the agent
+    in the host pid namespace (``hostPID: true``), where NVML's pids also live."""
+    if not pod_uid or not PROC.is_dir():
+        return set()
+    needles = (pod_uid, pod_uid.replace("-", "_"))
+    pids = set()
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cgroup = (entry / "cgroup").read_text()
+        except OSError:
+            continue
+        if any(n in cgroup for n in needles):
+            pids.add(int(entry.name))
+    return pids

@@ -47,7 +47,7 @@ class SimulatedRuntime:
     async def reconcile(self) -> list[TaskExit]:
         return []  # simulated tasks do not outlive the agent
 
-    def forget(self, key: str) -> None:
+    async def forget(self, key: str) -> None:
         return None
 
     def logs(self, key: str, tail: int | None = None) -> str:

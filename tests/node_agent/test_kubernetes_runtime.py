@@ -166,3 +166,19 @@ async def test_restart_adopts_running_pods_and_reports_ended_ones(fake: FakeKube
     await second.stop(survivor.key, 0)
     assert (await exits.wait(survivor.key)).reason == "stopped"
     await second.close()
+
+
+async def test_stop_of_a_pod_that_already_ended_reports_its_real_exit(
+        fake: FakeKubernetes) -> None:
+    exits = Exits()
+    rt = runtime(fake, exits, poll_s=3600)  # the poller has not seen the end yet
+    t = task("k7", FAKE_K8S_EXIT="0")
+    await rt.start(t)
+    api = k8s.CoreV1Api(k8s.ApiClient(k8s.Configuration(host=fake.host)))
+    while api.read_namespaced_pod(pod_name(t.key), "kairos").status.phase != "Succeeded":
+        pass
+    await rt.stop(t.key, grace_s=30, reason="preempted")
+    done = await exits.wait(t.key)
+    assert (done.exit_code, done.reason) == (0, "completed")
+    assert all(name != pod_name(t.key) for name, _ in fake.deletions)
+    await rt.close()

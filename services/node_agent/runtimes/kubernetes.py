@@ -208,6 +208,16 @@ class KubernetesRuntime:
             return
         self._stopping.add(key)
         try:
+            try:
+                pod = await self._call("read_namespaced_pod", name, self._ns)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                pod = None
+            if pod is not None and self._is_terminal(pod):  # it ended on its own first
+                self._untrack(key)
+                await self._report(key, self._exit_of(key, pod))
+                return
             code = await self._delete_and_wait(name, grace_s)
         finally:
             self._stopping.discard(key)

@@ -1,0 +1,146 @@
+"""docker-compose.yml: valid against the Compose Specification schema, and built the way
+the platform needs (health-gated start, one-shot init, scalable services). Docker is
+never run here."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import check_jsonschema
+import pytest
+import yaml
+
+from .conftest import ROOT, SERVICES, run, tool
+
+COMPOSE = ROOT / "docker-compose.yml"
+SCALABLE = set(SERVICES)
+INIT = "init"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    # PyYAML resolves the anchors and `<<` merge keys the file uses, as Compose does.
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def test_compose_spec_schema_ships_with_check_jsonschema() -> None:
+    """The schema is vendored in the wheel: validation needs no network."""
+    vendored = Path(check_jsonschema.__file__).parent / "builtin_schemas" / "vendor" / "compose-spec.json"
+    assert vendored.is_file()
+
+
+def test_compose_validates_against_the_compose_spec() -> None:
+    proc = run([tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(COMPOSE)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_schema_check_rejects_a_broken_file(tmp_path: Path) -> None:
+    broken = tmp_path / "docker-compose.yml"
+    text = COMPOSE.read_text()
+    broken.write_text(text.replace("  kafka:\n    image:", "  kafka:\n    imag:", 1))
+    assert broken.read_text() != text
+    proc = run([tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(broken)])
+    assert proc.returncode != 0
+
+
+def test_every_service_has_a_healthcheck(compose) -> None:
+    for name, svc in compose["services"].items():
+        hc = svc.get("healthcheck")
+        assert hc, f"{name} has no healthcheck"
+        if name == INIT:
+            # A one-shot job: done when it exits 0; dependants wait for that instead.
+            assert hc == {"disable": True} and svc["restart"] == "no"
+            continue
+        assert hc["test"] and hc["test"][0] in {"CMD", "CMD-SHELL"}, name
+        assert {"interval", "timeout", "retries"} <= set(hc), name
+
+
+def test_dependencies_wait_for_health_or_completion(compose) -> None:
+    services = compose["services"]
+    for name, svc in services.items():
+        deps = svc.get("depends_on", {})
+        assert isinstance(deps, dict), f"{name}: depends_on must use the long form with conditions"
+        for dep, spec in deps.items():
+            cond = spec["condition"]
+            if dep == INIT:
+                assert cond == "service_completed_successfully", name
+            else:
+                assert cond == "service_healthy", f"{name} -> {dep}"
+                assert services[dep]["healthcheck"].get("test"), dep
+    for name in SCALABLE:
+        deps = services[name]["depends_on"]
+        assert {"kafka", "postgres", INIT} <= set(deps), name
+
+
+def test_scalable_services_have_no_fixed_name_or_host_port(compose) -> None:
+    for name in SCALABLE:
+        svc = compose["services"][name]
+        assert "container_name" not in svc, name
+        for port in svc.get("ports", []):
+            assert isinstance(port, str), f"{name}: use the short port syntax"
+            # With interpolation defaults applied, the host side must be a range.
+            parts = re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", port).split(":")
+            if len(parts) == 1:
+                continue  # container port only: Docker picks a free host port per replica
+            lo, _, hi = parts[-2].partition("-")
+            assert hi and int(hi) > int(lo), f"{name}: fixed host port {port}"
+
+
+def test_kairos_services_follow_the_contract(compose) -> None:
+    for name, module in SERVICES.items():
+        svc = compose["services"][name]
+        assert svc["build"] == {"context": ".", "dockerfile": "Dockerfile"}
+        assert svc["command"] == ["python", "-m", module]
+        env = svc["environment"]
+        assert env["KAIROS_SERVICE_NAME"] == name
+        assert env["KAIROS_HTTP_PORT"] == "8080" and env["KAIROS_HTTP_HOST"] == "0.0.0.0"
+        assert env["KAIROS_KAFKA_BOOTSTRAP"] == "kafka:9092"
+        assert env["KAIROS_DATABASE_URL"].startswith("postgresql+asyncpg://kairos:")
+        assert env["KAIROS_DATABASE_URL"].endswith("@postgres:5432/kairos")
+        assert "8080" in [str(p) for p in svc.get("expose", [])]
+        assert "/readyz" in " ".join(svc["healthcheck"]["test"])
+    assert compose["services"]["admission"]["environment"]["KAIROS_DEV_TOKEN"].startswith("${KAIROS_DEV_TOKEN:?")
+    agent = compose["services"]["node-agent"]["environment"]
+    assert agent["KAIROS_NODE_RUNTIME"] == "simulated"
+    assert re.fullmatch(r"\$\{KAIROS_SIM_NODES:-\d+\}", agent["KAIROS_SIM_NODES"])
+    assert "KAIROS_NODE_ID" not in agent  # defaults to the hostname: unique per replica
+    assert compose["services"]["scheduler"]["environment"]["KAIROS_POLICY_FILE"] == "/etc/kairos/policy.yaml"
+    for name in ("scheduler", "queueing"):
+        assert compose["services"][name]["environment"]["KAIROS_QUEUES_FILE"] == "/etc/kairos/queues.yaml"
+
+
+def test_infrastructure(compose) -> None:
+    services = compose["services"]
+    kafka = services["kafka"]
+    assert kafka["image"].startswith("apache/kafka:")
+    assert "controller" in kafka["environment"]["KAFKA_PROCESS_ROLES"]  # KRaft, no ZooKeeper
+    assert kafka["environment"]["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+    assert not any("zookeeper" in n for n in services)
+    assert services["postgres"]["image"] in {"postgres:16", "postgres:16-alpine"}
+    init = services[INIT]
+    assert "kairos.topics" in " ".join(init["command"]) and "kairos.migrate" in " ".join(init["command"])
+    assert init["depends_on"] == {"kafka": {"condition": "service_healthy"},
+                                  "postgres": {"condition": "service_healthy"}}
+    for name in ("prometheus", "grafana"):
+        assert services[name]["healthcheck"]["test"]
+
+
+def test_mounted_files_exist_and_configs_parse(compose) -> None:
+    for name, svc in compose["services"].items():
+        for vol in svc.get("volumes", []):
+            src = vol.split(":")[0]
+            if src.startswith("./"):
+                assert (ROOT / src).exists(), f"{name} mounts missing {src}"
+    for name, cfg in compose["configs"].items():
+        assert isinstance(yaml.safe_load(cfg["content"]), dict), name
+
+
+def test_required_variables_are_documented(compose) -> None:
+    text = COMPOSE.read_text()
+    required = set(re.findall(r"\$\{([A-Z_]+):\?", text))
+    assert {"KAIROS_DEV_TOKEN", "POSTGRES_PASSWORD"} <= required
+    docs = (ROOT / "docs" / "deploy.md").read_text()
+    for var in set(re.findall(r"\$\{([A-Z_]+)", text)):
+        assert var in docs, f"docs/deploy.md does not mention {var}"

@@ -1,0 +1,158 @@
+"""The scheduler's validated policy config: which plugins, in which order, with what.
+
+Loaded from a dict or YAML; every error is reported with its field path
+(``plugins.2.args.aging_per_hour: ...``), all of them at once (Kueue's validation).
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from scheduling.framework import REGISTRY, Plugin
+
+
+class ConfigError(ValueError):
+    """Invalid scheduler config; ``errors`` lists (field path, message)."""
+
+    def __init__(self, errors: list[tuple[str, str]]) -> None:
+        self.errors = errors
+        super().__init__("invalid scheduler config:\n" + "\n".join(f"  {p}: {m}" for p, m in errors))
+
+
+class PluginSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+    weight: float = Field(1.0, ge=0, description="score weight (score plugins)")
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class PreemptionSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    enabled: bool = True
+    max_preemptors_per_cycle: int = Field(8, ge=0, description="blocked jobs that may preempt")
+    candidate_nodes: int = Field(16, ge=1, description="nodes examined per replica for victims")
+
+
+def _spec(name: str, weight: float = 1.0, **args: Any) -> PluginSpec:
+    return PluginSpec(name=name, weight=weight, args=args)
+
+
+DEFAULT_PLUGINS: tuple[PluginSpec, ...] = (
+    _spec("gang"),
+    _spec("priority"),
+    _spec("fairshare"),
+    _spec("nodeaffinity"),
+    _spec("gpumodel"),
+    _spec("affinity"),
+    _spec("topology", 2.0),
+    _spec("binpack", 1.0),
+    _spec("fgd", 2.0),
+    _spec("loadaware", 0.5),
+    _spec("locality", 0.5),
+    _spec("backfill"),
+    _spec("elastic"),
+)
+
+# Research baselines: the same core with one ordering or placement policy swapped in.
+_PLACEMENT = ("gang", "nodeaffinity", "gpumodel")
+PRESETS: dict[str, tuple[PluginSpec, ...]] = {
+    "default": DEFAULT_PLUGINS,
+    "fifo": (*map(_spec, _PLACEMENT), _spec("fifo"), _spec("topology"), _spec("binpack")),
+    "sjf": (*map(_spec, _PLACEMENT), _spec("sjf"), _spec("fifo"), _spec("topology"), _spec("binpack")),
+    "srtf": (*map(_spec, _PLACEMENT), _spec("srtf"), _spec("fifo"), _spec("topology"),
+             _spec("binpack")),
+    "tiresias": (*map(_spec, _PLACEMENT), _spec("tiresias"), _spec("topology"), _spec("binpack")),
+    "drf": (*map(_spec, _PLACEMENT), _spec("drf"), _spec("fifo"), _spec("topology"), _spec("binpack")),
+    "random": (*map(_spec, _PLACEMENT), _spec("fifo"), _spec("random")),
+    "bestfit": (*map(_spec, _PLACEMENT), _spec("fifo"), _spec("bestfit")),
+    "fgd": (*map(_spec, _PLACEMENT), _spec("fifo"), _spec("fgd")),
+}
+
+
+class SchedulerConfig(BaseModel):
+    """Enabled plugins (order = tier order for ordering keys) and cycle settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    plugins: tuple[PluginSpec, ...] = DEFAULT_PLUGINS
+    seed: int = Field(0, description="seed of the Random baseline and any tie draws")
+    preemption: PreemptionSettings = Field(default_factory=PreemptionSettings)
+
+    @classmethod
+    def load(cls, data: dict[str, Any] | None) -> SchedulerConfig:
+        """Validate a decoded dict; raises ``ConfigError`` listing every bad field."""
+        errors: list[tuple[str, str]] = []
+        try:
+            cfg = cls.model_validate(data or {})
+        except ValidationError as e:
+            errors += [(_path(err["loc"]), err["msg"]) for err in e.errors()]
+            cfg = None
+        plugins = (data or {}).get("plugins")
+        if cfg is not None:
+            plugins = [p.model_dump() for p in cfg.plugins]
+        if isinstance(plugins, list | tuple):
+            errors += _check_plugins(plugins)
+        if errors:
+            raise ConfigError(errors)
+        assert cfg is not None
+        return cfg
+
+    @classmethod
+    def from_yaml(cls, text: str) -> SchedulerConfig:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError([("<yaml>", str(e))]) from e
+        if data is not None and not isinstance(data, dict):
+            raise ConfigError([("<root>", "must be a mapping")])
+        return cls.load(data)
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> SchedulerConfig:
+        """A named policy: ``default`` or a research baseline (fifo, sjf, srtf, tiresias,
+        drf, random, bestfit, fgd)."""
+        if name not in PRESETS:
+            raise ConfigError([("preset", f"unknown preset {name!r}; known: {sorted(PRESETS)}")])
+        return cls.load({"plugins": [p.model_dump() for p in PRESETS[name]], **overrides})
+
+    def build_plugins(self) -> list[Plugin]:
+        _ensure_registered()
+        out = []
+        for spec in self.plugins:
+            cls = REGISTRY[spec.name]
+            out.append(cls(cls.Args.model_validate(spec.args), spec.weight))
+        return out
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(x) for x in loc) or "<root>"
+
+
+def _ensure_registered() -> None:
+    import scheduling.plugins  # noqa: F401  (registers every plugin)
+
+
+def _check_plugins(plugins: list[Any] | tuple[Any, ...]) -> list[tuple[str, str]]:
+    _ensure_registered()
+    errors: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for i, p in enumerate(plugins):
+        if not isinstance(p, dict) or not isinstance(p.get("name"), str):
+            continue  # already reported by the model validation
+        name = p["name"]
+        if name not in REGISTRY:
+            near = difflib.get_close_matches(name, list(REGISTRY), n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            errors.append((f"plugins.{i}.name", f"unknown plugin {name!r}{hint}"))
+            continue
+        if name in seen:
+            errors.append((f"plugins.{i}.name", f"plugin {name!r} is enabled twice"))
+        seen.add(name)
+        try:
+            REGISTRY[name].Args.model_validate(p.get("args") or {})
+        except ValidationError as e:
+            errors += [(f"plugins.{i}.args." + _path(err["loc"]), err["msg"]) for err in e.errors()]
+    return errors

@@ -1,0 +1,168 @@
+"""The plugin interface and what a plugin sees of one cycle.
+
+One small interface (Volcano's framework): a plugin implements any of the hooks below;
+the scheduler collects, once, the plugins that override each hook and calls them in
+the configured order. Hooks take the cycle and return plain values or numpy arrays
+over the nodes (``cand`` holds node indices), so a plugin never walks nodes in Python.
+
+- ``order_keys``: sort keys over the pending jobs (ascending: earlier first)
+- ``admit``: a quota / fairness gate before placement (a ``PendingReason`` refuses)
+- ``node_mask``: a static predicate per task (selectors, taints, GPU models)
+- ``task_mask`` / ``score``: per-replica predicate and score while a gang is placed
+- ``victims``: which running jobs may be preempted for a job, and why
+- ``pick``: which GPUs of the chosen node (FGD picks the GPU for shares)
+- ``min_members``: how many replicas must start together (gang)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from scheduling.model import (
+    GpuUse,
+    JobRequest,
+    PendingReason,
+    PreemptReason,
+    Resources,
+    RunningJob,
+    Snapshot,
+    TaskRequest,
+)
+from scheduling.quota import QuotaBook
+from scheduling.state import BoolArray, ClusterState, FloatArray, IntArray, NodeTable
+
+
+class NoArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(slots=True)
+class JobInfo:
+    """A pending job with what every plugin would otherwise recompute."""
+
+    job: JobRequest
+    tasks: tuple[TaskRequest, ...]  # in intra-job role order
+    demand: Resources
+    gpus: float
+    min_members: int
+    static_priority: float = 0.0  # priority class value + weighted user priority
+    priority: float = 0.0  # combined priority (with aging), for ordering and reports
+    estimate: float | None = None  # runtime estimate, seconds
+    starved: bool = False
+    shape: tuple[Any, ...] = ()
+
+
+@dataclass(slots=True)
+class RunningInfo:
+    """A running job, with its allocations' positions in the cycle's allocation arrays."""
+
+    run: RunningJob
+    allocs: list[int] = field(default_factory=list)
+    gpus: float = 0.0
+    demand: Resources = field(default_factory=Resources)
+    static_priority: float = 0.0
+
+    @property
+    def job(self) -> JobRequest:
+        return self.run.job
+
+
+@dataclass(slots=True)
+class Placing:
+    """The replica being placed, on ``state``; the job's replicas so far (node, role)."""
+
+    info: JobInfo
+    task: TaskRequest
+    state: ClusterState
+    remaining: int = 1  # replicas of the gang still to place, this one included
+    nodes: list[int] = field(default_factory=list)
+    roles: list[str] = field(default_factory=list)
+
+
+class Cycle:
+    """One scheduling cycle: snapshot, arrays, and state shared by the plugins."""
+
+    def __init__(self, snapshot: Snapshot, table: NodeTable, state: ClusterState, seed: int) -> None:
+        self.snapshot = snapshot
+        self.now = snapshot.now
+        self.table = table
+        self.state = state
+        self.seed = seed
+        self.running: list[RunningInfo] = []
+        self.running_by_id: dict[str, RunningInfo] = {}
+        self.alloc_node: IntArray = np.zeros(0, dtype=np.int64)
+        self.alloc_gpu: FloatArray = np.zeros(0)
+        self.usage: dict[str, Resources] = {}  # per tenant, running + placed this cycle
+        self.capacity = Resources()
+        self.priority_of: Callable[[JobRequest], float] = lambda j: float(j.priority)
+        self.extra: dict[str, Any] = {}  # per-plugin scratch for the cycle
+        # set by plugins in open():
+        self.role_rank: dict[str, int] = {}  # intra-job task order (priority plugin)
+        self.starvation_bound_s: float | None = None
+        self.spread = False
+        self.enforce_models = False
+        self.gpu_penalty: FloatArray | None = None  # per GPU, from telemetry
+        self.quota_book: QuotaBook | None = None
+
+    def rng(self, salt: int = 0) -> np.random.Generator:
+        """Seeded from config, the snapshot time and a salt: same snapshot, same draws."""
+        return np.random.default_rng([self.seed, int(self.now * 1000) & 0xFFFFFFFF, salt])
+
+
+class Plugin:
+    """Base of every policy plugin. Override only the hooks you need."""
+
+    name: ClassVar[str] = ""
+    Args: ClassVar[type[BaseModel]] = NoArgs
+
+    def __init__(self, args: BaseModel, weight: float = 1.0) -> None:
+        self.args = args
+        self.weight = weight
+
+    def open(self, cycle: Cycle) -> None:
+        """Called once per cycle before anything else."""
+
+    def order_keys(self, cycle: Cycle, jobs: Sequence[JobInfo]) -> list[FloatArray]:
+        return []
+
+    def admit(self, cycle: Cycle, info: JobInfo) -> PendingReason | None:
+        return None
+
+    def node_mask(self, cycle: Cycle, info: JobInfo, task: TaskRequest) -> BoolArray | None:
+        return None
+
+    def task_mask(self, cycle: Cycle, p: Placing, cand: IntArray) -> BoolArray | None:
+        return None
+
+    def score(self, cycle: Cycle, p: Placing, cand: IntArray) -> FloatArray | None:
+        return None
+
+    def victims(self, cycle: Cycle, info: JobInfo) -> list[tuple[RunningInfo, PreemptReason]]:
+        return []
+
+    def min_members(self, info: JobInfo) -> int | None:
+        return None
+
+    def pick(self, cycle: Cycle, p: Placing, i: int) -> tuple[GpuUse, ...] | None:
+        """GPUs for the replica on node ``i``; None leaves it to the next plugin/default."""
+        return None
+
+
+REGISTRY: dict[str, type[Plugin]] = {}
+
+
+def register(cls: type[Plugin]) -> type[Plugin]:
+    """Class decorator: make a plugin available to the config by its ``name``."""
+    if not cls.name or cls.name in REGISTRY:
+        raise ValueError(f"plugin name {cls.name!r} missing or already registered")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def overrides(plugin: Plugin, hook: str) -> bool:
+    return getattr(type(plugin), hook) is not getattr(Plugin, hook)

@@ -1,0 +1,201 @@
+"""Placing replicas: feasibility as numpy masks, plugin scores, and the GPU pick.
+
+One path for every caller (allocation, preemption trials, backfill reservations,
+elastic growth, the simulator): ``place_job`` on a ``ClusterState``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from scheduling.framework import Cycle, JobInfo, Placing, Plugin
+from scheduling.model import Bind, GpuUse, TaskRequest
+from scheduling.state import BoolArray, ClusterState, IntArray
+
+_NEG = -np.inf
+
+
+class Placer:
+    def __init__(self, cycle: Cycle, plugins: Sequence[Plugin], hooks: dict[str, list[Plugin]]) -> None:
+        self.cycle = cycle
+        self.table = cycle.table
+        self.node_masks = hooks["node_mask"]
+        self.task_masks = hooks["task_mask"]
+        self.scorers = [p for p in hooks["score"] if p.weight > 0]
+        self.pickers = hooks["pick"]
+        self._static: dict[tuple[object, ...], BoolArray] = {}
+
+    # --- predicates ------------------------------------------------------------------
+    def static_mask(self, info: JobInfo, task: TaskRequest) -> BoolArray:
+        """Nodes the task may ever use this cycle (schedulable, selectors, taints, models)."""
+        job = info.job
+        uses_gpu = bool(task.gpu or task.shared or task.mig)
+        key = (tuple(sorted(job.node_selector.items())), job.tolerations,
+               job.gpu_models if uses_gpu else (), uses_gpu)
+        m = self._static.get(key)
+        if m is None:
+            m = self.table.schedulable.copy()
+            for p in self.node_masks:
+                r = p.node_mask(self.cycle, info, task)
+                if r is not None:
+                    m &= r
+            self._static[key] = m
+        return m
+
+    def fit_mask(self, st: ClusterState, task: TaskRequest, base: BoolArray) -> BoolArray:
+        m = base & (st.cpu_free >= task.cpu_milli) & (st.mem_free >= task.memory_mib)
+        if task.gpu:
+            m &= st.idle >= task.gpu
+        elif task.shared or task.mig:
+            if task.shared:
+                rows = np.flatnonzero(m & (st.cmp_sum >= task.gpu_compute_pct))
+                ok = ((st.gmem_free[rows] >= task.gpu_memory_mib)
+                      & (st.gcmp_free[rows] >= task.gpu_compute_pct)
+                      & self.table.share_ok[rows]).any(axis=1)
+            else:
+                rows = np.flatnonzero(m)
+                ok = (st.mig_free[rows] >= task.mig_slices).any(axis=1)
+            m = np.zeros(self.table.n, dtype=bool)
+            m[rows[ok]] = True
+        return m
+
+    # --- one replica -----------------------------------------------------------------
+    def choose(self, p: Placing, base: BoolArray) -> tuple[int, tuple[GpuUse, ...]] | None:
+        cand: IntArray = np.flatnonzero(self.fit_mask(p.state, p.task, base))
+        return self.choose_among(p, cand)
+
+    def choose_among(self, p: Placing, cand: IntArray) -> tuple[int, tuple[GpuUse, ...]] | None:
+        if cand.size == 0:
+            return None
+        for tm in self.task_masks:
+            r = tm.task_mask(self.cycle, p, cand)
+            if r is not None:
+                cand = cand[r]
+                if cand.size == 0:
+                    return None
+        if cand.size == 1 or not self.scorers:
+            total = np.zeros(cand.size)
+        else:
+            total = np.zeros(cand.size)
+            for sp in self.scorers:
+                s = sp.score(self.cycle, p, cand)
+                if s is not None:
+                    total += sp.weight * s
+        while True:
+            j = int(np.argmax(total))  # first of the best: ties go to the lowest node index
+            if total[j] == _NEG:
+                return None
+            i = int(cand[j])
+            uses = self.pick(p, i)
+            if uses is not None:
+                return i, uses
+            total[j] = _NEG  # e.g. free GPUs of a disallowed model on a mixed node
+
+    def pick(self, p: Placing, i: int) -> tuple[GpuUse, ...] | None:
+        for pk in self.pickers:
+            uses = pk.pick(self.cycle, p, i)
+            if uses is not None:
+                return uses
+        return self.default_pick(p, i)
+
+    def _allowed(self, p: Placing, i: int) -> list[bool]:
+        ok: list[bool] = self.table.share_ok[i].tolist()
+        if self.cycle.enforce_models and p.info.job.gpu_models:
+            allowed = self.table.models_mask(p.info.job.gpu_models)[i].tolist()
+            ok = [a and b for a, b in zip(ok, allowed, strict=True)]
+        return ok
+
+    def default_pick(self, p: Placing, i: int) -> tuple[GpuUse, ...] | None:
+        """GPUs on node ``i``: whole ones inside one NVLink domain if possible (the
+        tightest that holds them), shares best-fit (spread: most free), MIG best-fit."""
+        t, st, tbl = p.task, p.state, self.table
+        if not (t.gpu or t.shared or t.mig):
+            return ()
+        pen = self.cycle.gpu_penalty
+        prow: list[float] = pen[i].tolist() if pen is not None else [0.0] * tbl.g
+        idx = tbl.gpu_index[i]
+        if t.mig:
+            mf = st.mig_free[i].tolist()
+            okm = tbl.mig_ok[i].tolist()
+            cols = [j for j in range(len(idx)) if okm[j] and mf[j] >= t.mig_slices]
+            if not cols:
+                return None
+            j = min(cols, key=lambda c: (mf[c], prow[c], c))
+            return (GpuUse(idx[j], 0, 0, t.mig_slices),)
+        gm, gc, tot = st.gpu_rows(i)
+        ok = self._allowed(p, i)
+        if t.gpu:
+            idle = [j for j in range(len(idx)) if ok[j] and gc[j] >= 100 and gm[j] >= tot[j]]
+            if len(idle) < t.gpu:
+                return None
+            dom = tbl.nvlink[i].tolist()
+            groups: dict[int, list[int]] = {}
+            for j in idle:
+                groups.setdefault(dom[j], []).append(j)
+            fitting = [d for d, cs in groups.items() if len(cs) >= t.gpu]
+            if fitting:
+                d = min(fitting, key=lambda d: (len(groups[d]), d))
+                chosen = sorted(groups[d], key=lambda c: (prow[c], c))[: t.gpu]
+            else:  # span the fewest domains: the fullest first
+                chosen = []
+                for d in sorted(groups, key=lambda d: (-len(groups[d]), d)):
+                    chosen += sorted(groups[d], key=lambda c: (prow[c], c))
+                chosen = chosen[: t.gpu]
+            return tuple(GpuUse(idx[j]) for j in sorted(chosen))
+        cols = [j for j in range(len(idx))
+                if ok[j] and gm[j] >= t.gpu_memory_mib and gc[j] >= t.gpu_compute_pct]
+        if not cols:
+            return None
+        sign = -1 if self.cycle.spread else 1
+        j = min(cols, key=lambda c: (sign * gc[c], sign * gm[c], prow[c], c))
+        return (GpuUse(idx[j], t.gpu_memory_mib, t.gpu_compute_pct),)
+
+    # --- a whole job -----------------------------------------------------------------
+    def place_job(self, st: ClusterState, info: JobInfo, block: BoolArray | None,
+                  need: int, prefix: Placing | None = None) -> tuple[list[Bind] | None, int]:
+        """Place the job's replicas on ``st``: at least ``need`` of them, or none.
+
+        Returns (binds, 0) on success, else (None, how many replicas had been placed).
+        """
+        mark = st.mark()
+        binds: list[Bind] = []
+        nodes = list(prefix.nodes) if prefix else []
+        roles = list(prefix.roles) if prefix else []
+        remaining = sum(t.replicas for t in info.tasks)
+        strict = need >= remaining
+        node_ids = self.table.node_ids
+        for task in info.tasks:
+            base = self.static_mask(info, task)
+            if block is not None:
+                base = base & ~block
+            p = Placing(info, task, st, remaining, nodes, roles)
+            for r in range(task.replicas):
+                p.remaining = remaining
+                res = self.choose(p, base)
+                if res is None:
+                    if strict:
+                        placed = len(binds)
+                        st.rollback(mark)
+                        return None, placed
+                    remaining -= task.replicas - r
+                    break
+                i, uses = res
+                st.take(i, task.cpu_milli, task.memory_mib, uses)
+                binds.append(Bind(info.job.job_id, f"{task.name}-{r}", task.name, r, node_ids[i],
+                                  uses, task.cpu_milli, task.memory_mib, task.role))
+                nodes.append(i)
+                roles.append(task.role)
+                remaining -= 1
+        if len(binds) < need or not binds:
+            placed = len(binds)
+            st.rollback(mark)
+            return None, placed
+        st.commit(mark)
+        return binds, 0
+
+    def apply_binds(self, st: ClusterState, binds: Sequence[Bind], sign: int = 1) -> None:
+        index = self.table.index
+        for b in binds:
+            st.take(index[b.node_id], b.cpu_milli, b.memory_mib, b.gpus, sign)

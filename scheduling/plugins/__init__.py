@@ -1,0 +1,5 @@
+"""Every policy plugin; importing this package registers them by name."""
+
+from scheduling.plugins import fairshare, fgd, ordering, placement, predicates, special
+
+__all__ = ["fairshare", "fgd", "ordering", "placement", "predicates", "special"]

@@ -1,0 +1,253 @@
+"""FGD: fragmentation gradient descent (Weng et al., USENIX ATC'23).
+
+For a node n and a task type m, the fragment F_n(m) is the GPU capacity on n that m
+cannot use: all of n's free GPU if m cannot run there at all (CPU short, no GPU of
+its model, too few GPUs with room), else the free part of each GPU too small for m's
+per-GPU demand. Over the workload's task types M with popularities p_m, the node's
+fragmentation is F_n(M) = sum_m p_m F_n(m). A task goes where (node and GPU) it
+increases F_n(M) least. Quantities are in GPUs (compute share; memory must also fit).
+
+The workload M is ``Snapshot.task_mix`` when given (the simulator passes the trace's
+mix), else the pending and running tasks of the snapshot; as in the paper's simulator
+it keeps the most popular types, 10 at a time, until they cover 60% of tasks.
+
+Speed: a node's free-resource state is interned; F and the best GPU per (state, task
+type) are memoised, and a per-task-type array indexed by state id turns scoring into
+one numpy gather, so only nodes whose state is new cost Python work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from scheduling.framework import Cycle, Placing, Plugin, register
+from scheduling.model import GpuUse, TaskRequest, TaskShape
+from scheduling.state import ClusterState, FloatArray, IntArray, NodeTable
+
+# (p, whole GPUs, per-GPU memory, per-GPU compute %, cpu, memory, allowed model codes or None)
+_Type = tuple[float, int, int, int, int, int, frozenset[int] | None]
+_Key = tuple[int, int, int, tuple[int, ...], tuple[int, ...]]
+
+
+class FgdArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    popularity_pct: float = Field(60.0, gt=0, le=100, description="task types kept cover this %")
+    step: int = Field(10, ge=1, description="types are added this many at a time")
+    include_cpu_tasks: bool = Field(False, description="count GPU-less tasks in the mix")
+    max_states: int = Field(200_000, ge=1000, description="memo size before it is reset")
+
+
+def typical_mix(shapes: Iterable[TaskShape], popularity_pct: float = 60.0, step: int = 10,
+                include_cpu: bool = False) -> list[TaskShape]:
+    """Most popular task types covering ``popularity_pct`` of tasks, renormalised."""
+    count: dict[TaskShape, float] = {}
+    for s in shapes:
+        if not include_cpu and not (s.gpu or s.gpu_memory_mib or s.gpu_compute_pct):
+            continue
+        k = TaskShape(1.0, s.gpu, s.gpu_memory_mib, s.gpu_compute_pct, s.cpu_milli, s.memory_mib,
+                      s.gpu_models)
+        count[k] = count.get(k, 0.0) + s.weight
+    total = sum(count.values())
+    if total <= 0:
+        return []
+    ranked = sorted(count.items(), key=lambda kv: (-kv[1], repr(kv[0])))
+    kept: list[tuple[TaskShape, float]] = []
+    covered = 0.0
+    while covered < popularity_pct / 100.0 * total and len(kept) < len(ranked):
+        for shape, w in ranked[len(kept): len(kept) + step]:
+            kept.append((shape, w))
+            covered += w
+    return [TaskShape(w / covered, s.gpu, s.gpu_memory_mib, s.gpu_compute_pct, s.cpu_milli,
+                      s.memory_mib, s.gpu_models) for s, w in kept]
+
+
+def task_shapes(tasks: Iterable[tuple[TaskRequest, tuple[str, ...], int]]) -> list[TaskShape]:
+    """Task types of (task, allowed models, replicas); FGD's key omits host memory."""
+    return [TaskShape(float(n), t.gpu, t.gpu_memory_mib, t.gpu_compute_pct, t.cpu_milli, 0, models)
+            for t, models, n in tasks]
+
+
+@register
+class Fgd(Plugin):
+    name = "fgd"
+    Args = FgdArgs
+    args: FgdArgs
+
+    def __init__(self, args: BaseModel, weight: float = 1.0) -> None:
+        super().__init__(args, weight)
+        self.mix: tuple[_Type, ...] = ()
+        self.table: NodeTable | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.keys: dict[_Key, int] = {}
+        self.key_list: list[_Key] = []
+        self.frag_memo: dict[int, float] = {}
+        self.delta: dict[tuple[object, ...], FloatArray] = {}
+        self.choice: dict[tuple[int, tuple[object, ...]], int] = {}
+        self.classes: IntArray | None = None
+        self.class_list: list[tuple[tuple[int, ...], tuple[int, ...], tuple[bool, ...]]] = []
+
+    # --- the workload ------------------------------------------------------------------
+    def _mix(self, cycle: Cycle) -> tuple[_Type, ...]:
+        shapes: list[TaskShape] = list(cycle.snapshot.task_mix)
+        if not shapes:
+            tasks = [(t, j.gpu_models, t.replicas) for j in cycle.snapshot.pending for t in j.tasks]
+            tasks += [(t, r.job.gpu_models, t.replicas) for r in cycle.snapshot.running for t in r.job.tasks]
+            shapes = typical_mix(task_shapes(tasks), self.args.popularity_pct, self.args.step,
+                                 self.args.include_cpu_tasks)
+        models = cycle.table.models
+        out = []
+        for s in shapes:
+            allowed = frozenset(models.index(m) for m in s.gpu_models if m in models) if s.gpu_models else None
+            out.append((s.weight, s.gpu, s.gpu_memory_mib, s.gpu_compute_pct, s.cpu_milli, s.memory_mib,
+                        allowed))
+        return tuple(out)
+
+    def open(self, cycle: Cycle) -> None:
+        mix = self._mix(cycle)
+        if mix != self.mix or cycle.table is not self.table or len(self.keys) > self.args.max_states:
+            self.mix, self.table = mix, cycle.table
+            self._reset()
+        if self.classes is None:
+            t = cycle.table
+            seen: dict[tuple[tuple[int, ...], tuple[int, ...], tuple[bool, ...]], int] = {}
+            cls = []
+            for i in range(t.n):
+                c = (tuple(t.gmodel[i].tolist()), tuple(t.gmem_total[i].tolist()),
+                     tuple(t.share_ok[i].tolist()))
+                cls.append(seen.setdefault(c, len(seen)))
+            self.classes = np.asarray(cls, dtype=np.int64)
+            self.class_list = list(seen)
+
+    # --- fragmentation of one interned node state ----------------------------------------
+    def _intern(self, key: _Key) -> int:
+        k = self.keys.get(key)
+        if k is None:
+            k = self.keys[key] = len(self.key_list)
+            self.key_list.append(key)
+        return k
+
+    def node_key(self, st: ClusterState, i: int) -> int:
+        assert self.classes is not None
+        return self._intern((int(self.classes[i]), int(st.cpu_free[i]), int(st.mem_free[i]),
+                             tuple(st.gmem_free[i].tolist()), tuple(st.gcmp_free[i].tolist())))
+
+    def frag(self, k: int) -> float:
+        f = self.frag_memo.get(k)
+        if f is None:
+            f = self.frag_memo[k] = self._frag(self.key_list[k])
+        return f
+
+    def _frag(self, key: _Key) -> float:
+        cls, cpu, mem, gm, gc = key
+        models, total_mem, ok = self.class_list[cls]
+        usable = [j for j in range(len(ok)) if ok[j]]
+        free = sum(gc[j] for j in usable) / 100.0
+        f = 0.0
+        for p, g, mm, mc, tcpu, tmem, allowed in self.mix:
+            cols = usable if allowed is None else [j for j in usable if models[j] in allowed]
+            if not (g or mm or mc) or not cols:
+                f += p * free  # GPU-less type or no GPU of its model: nothing here serves it
+                continue
+            if g:
+                fits = [j for j in cols if gc[j] >= 100 and gm[j] >= total_mem[j]]
+                host = len(fits) >= g
+            else:
+                fits = [j for j in cols if gm[j] >= mm and gc[j] >= mc]
+                host = bool(fits)
+            if host and cpu >= tcpu and mem >= tmem:
+                fit = set(fits)
+                f += p * sum(gc[j] for j in usable if j not in fit) / 100.0
+            else:
+                f += p * free
+        return f
+
+    def _delta(self, k: int, t: TaskRequest, allowed: frozenset[int] | None) -> tuple[float, int]:
+        """Least increase of F over the GPU choices for ``t`` on state ``k``; and that GPU."""
+        cls, cpu, mem, gm, gc = self.key_list[k]
+        models, total_mem, ok = self.class_list[cls]
+        before = self.frag(k)
+        cols = [j for j in range(len(ok)) if ok[j] and (allowed is None or models[j] in allowed)]
+        cpu2, mem2 = cpu - t.cpu_milli, mem - t.memory_mib
+        if t.gpu:
+            idle = [j for j in cols if gc[j] >= 100 and gm[j] >= total_mem[j]][: t.gpu]
+            if len(idle) < t.gpu:
+                return np.inf, -1
+            gm2, gc2 = list(gm), list(gc)
+            for j in idle:
+                gm2[j], gc2[j] = 0, 0
+            return self.frag(self._intern((cls, cpu2, mem2, tuple(gm2), tuple(gc2)))) - before, -1
+        best, col = np.inf, -1
+        for j in cols:
+            if gm[j] < t.gpu_memory_mib or gc[j] < t.gpu_compute_pct:
+                continue
+            gm2, gc2 = list(gm), list(gc)
+            gm2[j] -= t.gpu_memory_mib
+            gc2[j] -= t.gpu_compute_pct
+            d = self.frag(self._intern((cls, cpu2, mem2, tuple(gm2), tuple(gc2)))) - before
+            # ties: the fuller GPU (best fit), then the lower index
+            if d < best - 1e-12 or (abs(d - best) <= 1e-12 and col >= 0 and gc2[j] < gc[col] - t.gpu_compute_pct):
+                best, col = d, j
+        return best, col
+
+    # --- hooks ---------------------------------------------------------------------------
+    def _task_key(self, cycle: Cycle, p: Placing) -> tuple[tuple[object, ...], frozenset[int] | None]:
+        t = p.task
+        models = p.info.job.gpu_models if cycle.enforce_models else ()
+        allowed = (frozenset(cycle.table.models.index(m) for m in models if m in cycle.table.models)
+                   if models else None)
+        return (t.gpu, t.gpu_memory_mib, t.gpu_compute_pct, t.cpu_milli, t.memory_mib, allowed), allowed
+
+    def _state_ids(self, st: ClusterState, cand: IntArray) -> IntArray:
+        kid, kst = st.cache.get("fgd", (None, None))
+        if kid is None or kst is None:
+            kid = np.full(st.t.n, -1, dtype=np.int64)
+            kst = np.full(st.t.n, -1, dtype=np.int64)
+            st.cache["fgd"] = (kid, kst)
+        stale = cand[kst[cand] != st.stamp[cand]]
+        for i in stale.tolist():
+            kid[i] = self.node_key(st, i)
+            kst[i] = st.stamp[i]
+        ids: IntArray = kid[cand]
+        return ids
+
+    def score(self, cycle: Cycle, p: Placing, cand: IntArray) -> FloatArray | None:
+        t = p.task
+        if not (t.gpu or t.shared):
+            return None
+        ids = self._state_ids(p.state, cand)
+        tk, allowed = self._task_key(cycle, p)
+        arr = self.delta.get(tk)
+        if arr is None or arr.size < len(self.key_list):
+            grown = np.full(max(2 * len(self.key_list), 1024), np.nan)
+            if arr is not None:
+                grown[: arr.size] = arr
+            arr = self.delta[tk] = grown
+        d = arr[ids]
+        miss = np.isnan(d)
+        if miss.any():
+            for k in np.unique(ids[miss]).tolist():
+                arr[k], self.choice[(k, tk)] = self._delta(k, t, allowed)
+            if arr.size < len(self.key_list):  # interning the after-states grew the table
+                grown = np.full(2 * len(self.key_list), np.nan)
+                grown[: arr.size] = arr
+                arr = self.delta[tk] = grown
+            d = arr[ids]
+        return -np.where(np.isfinite(d), d, 1e6)
+
+    def pick(self, cycle: Cycle, p: Placing, i: int) -> tuple[GpuUse, ...] | None:
+        t = p.task
+        if not t.shared:
+            return None  # whole GPUs: the topology-aware default pick
+        k = int(self._state_ids(p.state, np.asarray([i]))[0])
+        tk, allowed = self._task_key(cycle, p)
+        col = self.choice.get((k, tk))
+        if col is None:
+            _, col = self._delta(k, t, allowed)
+        if col is None or col < 0:
+            return None
+        return (GpuUse(cycle.table.gpu_index[i][col], t.gpu_memory_mib, t.gpu_compute_pct),)

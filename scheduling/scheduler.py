@@ -1,0 +1,464 @@
+"""``Scheduler``: one cycle, snapshot in, plan out, in numbered phases.
+
+1. open      the node table (kept while ``Snapshot.nodes`` is the same object), free
+             capacity from the allocations, running jobs, usage; plugins' ``open``
+2. order     pending jobs by the order plugins' keys (tiers, then submit time, then
+             the snapshot's order)
+3. allocate  in order: quota admission, gang placement (all-or-nothing, statement
+             rolled back on failure), and for a job that does not fit: preemption on
+             the future state, else an EASY reservation that later jobs backfill around
+4. grow      elastic jobs take idle GPUs outside reservations
+5. plan      binds, preemptions, resizes, reservations and a reason for every job left
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from scheduling.backfill import reserve
+from scheduling.config import SchedulerConfig
+from scheduling.framework import Cycle, JobInfo, Placing, Plugin, RunningInfo, overrides
+from scheduling.model import (
+    Allocation,
+    Bind,
+    JobRequest,
+    PendingReason,
+    Plan,
+    Preemption,
+    PreemptReason,
+    Resize,
+    ResizeReason,
+    Resources,
+    Snapshot,
+)
+from scheduling.placer import Placer
+from scheduling.plugins.special import BackfillArgs, ElasticArgs
+from scheduling.preempt import Unit, preempt_for, replica_of, shrink_units, task_of, whole_unit
+from scheduling.quota import Admission, QuotaBook
+from scheduling.state import BoolArray, ClusterState, NodeTable
+
+HOOKS = ("order_keys", "admit", "node_mask", "task_mask", "score", "victims", "min_members", "pick")
+_CAPACITY = (PendingReason.NO_FIT, PendingReason.GANG_INCOMPLETE, PendingReason.AFFINITY,
+             PendingReason.GPU_MODEL)
+
+
+def _alloc_gpus(a: Allocation) -> float:
+    g = 0.0
+    for u in a.gpus:
+        g += 1.0 if u.whole else (u.mig_slices / 7.0 if u.mig_slices else u.compute_pct / 100.0)
+    return g
+
+
+def _demand(binds: Sequence[Bind]) -> Resources:
+    g = 0.0
+    cpu = mem = 0
+    for b in binds:
+        for u in b.gpus:
+            g += 1.0 if u.whole else (u.mig_slices / 7.0 if u.mig_slices else u.compute_pct / 100.0)
+        cpu += b.cpu_milli
+        mem += b.memory_mib
+    return Resources(g, cpu, mem)
+
+
+@dataclass(slots=True)
+class AdmissionResult:
+    """Queueing's answer: jobs admitted against quota, in order, and why others wait."""
+
+    admitted: list[str] = field(default_factory=list)
+    borrowing: list[str] = field(default_factory=list)
+    pending: dict[str, PendingReason] = field(default_factory=dict)
+
+
+class Scheduler:
+    """Built once from a validated config; ``schedule`` is called every cycle."""
+
+    def __init__(self, config: SchedulerConfig | None = None) -> None:
+        self.config = config or SchedulerConfig()
+        self.plugins: list[Plugin] = self.config.build_plugins()
+        self.by_name = {p.name: p for p in self.plugins}
+        self.hooks: dict[str, list[Plugin]] = {h: [p for p in self.plugins if overrides(p, h)] for h in HOOKS}
+        bf = self.by_name.get("backfill")
+        self.backfill: BackfillArgs | None = bf.args if bf is not None else None  # type: ignore[assignment]
+        el = self.by_name.get("elastic")
+        self.elastic: ElasticArgs | None = el.args if el is not None else None  # type: ignore[assignment]
+        self._table: NodeTable | None = None
+        self._infos: dict[int, tuple[JobRequest, JobInfo]] = {}
+
+    # --- public API --------------------------------------------------------------------
+    def schedule(self, snapshot: Snapshot) -> Plan:
+        cycle = self._open(snapshot)
+        return _Run(self, cycle, self._job_infos(cycle)).run()
+
+    def order(self, snapshot: Snapshot) -> list[JobRequest]:
+        """The pending jobs in the order this config would try them (queueing's order)."""
+        cycle = self._open(snapshot)
+        return [i.job for i in self._ordered(cycle, self._job_infos(cycle))]
+
+    def admit(self, snapshot: Snapshot) -> AdmissionResult:
+        """Order the pending jobs and admit them against the quotas, in that order."""
+        cycle = self._open(snapshot)
+        book = cycle.quota_book or QuotaBook(snapshot.quotas, cycle.usage)
+        out = AdmissionResult()
+        for info in self._ordered(cycle, self._job_infos(cycle)):
+            adm: Admission = book.check(info.job.tenant, info.demand)
+            if adm.admitted:
+                book.add(info.job.tenant, info.demand)
+                out.admitted.append(info.job.job_id)
+                if adm.borrowing:
+                    out.borrowing.append(info.job.job_id)
+            else:
+                out.pending[info.job.job_id] = adm.reason or PendingReason.QUOTA
+        return out
+
+    # --- phase 1: open -----------------------------------------------------------------
+    def _open(self, snapshot: Snapshot) -> Cycle:
+        table = self._table
+        # Kept while the nodes tuple is the same object: pass a new tuple on any change.
+        if table is None or table.src is not snapshot.nodes:
+            table = self._table = NodeTable(snapshot.nodes)
+        state = ClusterState(table)
+        state.apply(snapshot.allocations)
+        cycle = Cycle(snapshot, table, state, self.config.seed)
+        for p in self.plugins:
+            if p.name == "priority":
+                p.open(cycle)  # sets the priority function the running jobs use
+        usable = table.schedulable[:, None] & table.share_ok
+        cycle.capacity = Resources(float(usable.sum()), float(table.cpu_total[table.schedulable].sum()),
+                                   float(table.mem_total[table.schedulable].sum()))
+        run_by_id: dict[str, RunningInfo] = {}
+        for r in snapshot.running:
+            run_by_id[r.job.job_id] = RunningInfo(r, static_priority=cycle.priority_of(r.job))
+        usage: dict[str, list[float]] = {}
+        for k, a in enumerate(snapshot.allocations):
+            ri = run_by_id.get(a.job_id)
+            if ri is None:
+                continue
+            g = _alloc_gpus(a)
+            ri.allocs.append(k)
+            ri.gpus += g
+            u = usage.setdefault(ri.job.tenant, [0.0, 0.0, 0.0])
+            u[0] += g
+            u[1] += a.cpu_milli
+            u[2] += a.memory_mib
+        cycle.running = [r for r in run_by_id.values() if r.allocs]
+        cycle.running_by_id = {r.job.job_id: r for r in cycle.running}
+        cycle.usage = {t: Resources(*u) for t, u in usage.items()}
+        allocs = snapshot.allocations
+        for ri in cycle.running:
+            cpu = sum(allocs[k].cpu_milli for k in ri.allocs)
+            mem = sum(allocs[k].memory_mib for k in ri.allocs)
+            ri.demand = Resources(ri.gpus, cpu, mem)
+        for p in self.plugins:
+            if p.name != "priority":
+                p.open(cycle)
+        return cycle
+
+    def _job_infos(self, cycle: Cycle) -> list[JobInfo]:
+        """Per-job derived data, kept across cycles while the job object is the same."""
+        old, new = self._infos, {}
+        out = []
+        gang = self.hooks["min_members"]
+        rank = cycle.role_rank
+        for job in cycle.snapshot.pending:
+            hit = old.get(id(job))
+            if hit is not None and hit[0] is job:
+                info = hit[1]
+            else:
+                tasks = tuple(sorted(job.tasks, key=lambda t: rank.get(t.role, len(rank)))) if rank else job.tasks
+                gpus = job.total_gpus
+                info = JobInfo(
+                    job=job, tasks=tasks,
+                    demand=Resources(gpus, sum(t.cpu_milli * t.replicas for t in tasks),
+                                     sum(t.memory_mib * t.replicas for t in tasks)),
+                    gpus=gpus, min_members=1,
+                )
+                for g in gang:
+                    info.min_members = g.min_members(info) or info.min_members
+                info.shape = (
+                    tuple((t.gpu, t.gpu_memory_mib, t.gpu_compute_pct, t.mig_slices, t.cpu_milli,
+                           t.memory_mib, t.replicas, t.role) for t in tasks),
+                    info.min_members, job.gpu_models, tuple(sorted(job.node_selector.items())),
+                    job.tolerations, job.affinity)
+            new[id(job)] = (job, info)
+            info.static_priority = cycle.priority_of(job)
+            info.priority = info.static_priority
+            info.starved = False
+            est = job.runtime_estimate_s
+            if est is None and self.backfill is not None:
+                est = self.backfill.default_runtime_s
+            info.estimate = est
+            out.append(info)
+        self._infos = new
+        return out
+
+    # --- phase 2: order ----------------------------------------------------------------
+    def _ordered(self, cycle: Cycle, infos: list[JobInfo]) -> list[JobInfo]:
+        if not infos:
+            return []
+        keys = []
+        for p in self.hooks["order_keys"]:
+            keys += p.order_keys(cycle, infos)
+        keys.append(np.fromiter((i.job.submit_time for i in infos), float, len(infos)))
+        keys.append(np.arange(len(infos), dtype=float))
+        order = np.lexsort(keys[::-1])
+        return [infos[k] for k in order.tolist()]
+
+
+class _Run:
+    """Phases 2-5 of one cycle."""
+
+    def __init__(self, sched: Scheduler, cycle: Cycle, infos: list[JobInfo]) -> None:
+        self.s = sched
+        self.cycle = cycle
+        self.infos = infos
+        self.placer = Placer(cycle, sched.plugins, sched.hooks)
+        self.plan = Plan()
+        n = cycle.table.n
+        self.hard: BoolArray = np.zeros(n, dtype=bool)  # nominated for preemptors
+        self.soft: BoolArray = np.zeros(n, dtype=bool)  # reserved for blocked head jobs
+        self.shadow = np.inf  # earliest reserved start
+        self.future: ClusterState | None = None
+        self.gone: set[int] = set()  # allocation indices released in the future state
+        self.victims: set[str] = set()
+        self.failed: dict[tuple[object, ...], PendingReason] = {}
+        self.preempt_budget = sched.config.preemption.max_preemptors_per_cycle if (
+            sched.config.preemption.enabled) else 0
+
+    def run(self) -> Plan:
+        ordered = self.s._ordered(self.cycle, self.infos)
+        self.plan.order = [i.job.job_id for i in ordered]
+        stop_all = False
+        for info in ordered:
+            if stop_all:
+                self.plan.pending[info.job.job_id] = PendingReason.PRIORITY
+                continue
+            reason = self._allocate(info)
+            if reason is None:
+                continue
+            self.plan.pending[info.job.job_id] = reason
+            if reason in _CAPACITY and info.starved and self.s.backfill is None:
+                stop_all = True  # a starved job holds the line: nothing lower starts
+        if self.s.elastic is not None and self.s.elastic.grow:
+            self._grow()
+        return self.plan
+
+    # --- phase 3: allocate ---------------------------------------------------------------
+    def _block_for(self, info: JobInfo) -> tuple[BoolArray | None, bool]:
+        short = info.estimate is not None and self.cycle.now + info.estimate <= self.shadow
+        use_soft = bool(self.soft.any()) and not short
+        if use_soft:
+            return (self.hard | self.soft), True
+        return (self.hard if self.hard.any() else None), False
+
+    def _allocate(self, info: JobInfo) -> PendingReason | None:
+        cycle = self.cycle
+        for p in self.s.hooks["admit"]:
+            r = p.admit(cycle, info)
+            if r is not None:
+                return r
+        block, soft = self._block_for(info)
+        key = (info.shape, soft)
+        reason = self.failed.get(key)
+        if reason is None:
+            binds, placed = self.placer.place_job(cycle.state, info, block, info.min_members)
+            if binds is not None:
+                self._commit(info, binds)
+                return None
+            reason = self._why(info, block, placed)
+            self.failed[key] = reason
+        if reason in _CAPACITY:
+            if self.preempt_budget > 0 and self._preempt(info, block):
+                return PendingReason.PREEMPTING
+            if self.s.backfill is not None and len(self.plan.reservations) < self.s.backfill.depth:
+                self._reserve(info)
+        return reason
+
+    def _commit(self, info: JobInfo, binds: list[Bind]) -> None:
+        self.plan.binds.extend(binds)
+        if self.future is not None:
+            self.placer.apply_binds(self.future, binds)
+        self._account(info.job.tenant, _demand(binds))
+
+    def _account(self, tenant: str, d: Resources, sign: int = 1) -> None:
+        cycle = self.cycle
+        u = cycle.usage.get(tenant, Resources())
+        cycle.usage[tenant] = u + d if sign > 0 else u - d
+        if cycle.quota_book is not None:
+            cycle.quota_book.add(tenant, d, sign)
+
+    def _why(self, info: JobInfo, block: BoolArray | None, placed: int) -> PendingReason:
+        tbl, job = self.cycle.table, info.job
+        statics = [self.placer.static_mask(info, t) for t in info.tasks]
+        if not all(m.any() for m in statics):
+            return PendingReason.GPU_MODEL if job.gpu_models else PendingReason.NO_MATCHING_NODE
+        for t, m in zip(info.tasks, statics, strict=True):
+            if (t.gpu > tbl.gpu_count[m].max() or t.cpu_milli > tbl.cpu_total[m].max()
+                    or t.memory_mib > tbl.mem_total[m].max()):
+                return PendingReason.NEVER_FITS
+        whole = sum(t.gpu * t.replicas for t in info.tasks)
+        if whole and info.min_members >= sum(t.replicas for t in info.tasks) and (
+                whole > int(tbl.gpu_count[tbl.schedulable].sum())):
+            return PendingReason.NEVER_FITS
+        if block is not None and block.any():
+            binds, _ = self.placer.place_job(self.cycle.state.copy(), info, None, info.min_members)
+            if binds is not None:
+                return PendingReason.BACKFILL_BLOCKED if (self.soft & ~self.hard).any() else PendingReason.PRIORITY
+        if job.gpu_models:
+            return PendingReason.GPU_MODEL
+        if any(r.required for r in job.affinity):
+            return PendingReason.AFFINITY
+        return PendingReason.GANG_INCOMPLETE if placed else PendingReason.NO_FIT
+
+    # --- preemption ------------------------------------------------------------------------
+    def _future(self) -> ClusterState:
+        """Capacity once every job already asked to stop has stopped."""
+        if self.future is None:
+            f = self.cycle.state.copy()
+            allocs = self.cycle.snapshot.allocations
+            idx = self.cycle.table.index
+            for r in self.cycle.running:
+                if r.run.terminating:
+                    for k in r.allocs:
+                        a = allocs[k]
+                        if k not in self.gone and a.node_id in idx:
+                            f.release(idx[a.node_id], a.cpu_milli, a.memory_mib, a.gpus)
+                        self.gone.add(k)
+            self.future = f
+        return self.future
+
+    def _units(self, info: JobInfo) -> list[Unit]:
+        cycle = self.cycle
+        reasons: dict[str, tuple[RunningInfo, PreemptReason]] = {}
+        for p in self.s.hooks["victims"]:
+            for r, why in p.victims(cycle, info):
+                reasons.setdefault(r.job.job_id, (r, why))
+        units = []
+        for r, why in reasons.values():
+            if self._protected(r):
+                continue
+            units.append(whole_unit(cycle, r, why))
+        if self.s.elastic is not None and self.s.elastic.shrink:
+            for r in cycle.running:
+                if (not self._protected(r) and r.static_priority <= info.static_priority
+                        and any(t.elastic for t in r.job.tasks)):
+                    units += shrink_units(cycle, r, self.gone)
+        return units
+
+    def _protected(self, r: RunningInfo) -> bool:
+        job = r.job
+        return (r.run.terminating or job.job_id in self.victims or not job.preemptible
+                or self.cycle.now - r.run.start_time < job.min_runtime_s)
+
+    def _preempt(self, info: JobInfo, block: BoolArray | None) -> bool:
+        self.preempt_budget -= 1
+        fut = self._future()
+        # already room once the terminating jobs are gone: claim it, preempt no one more
+        binds, _ = self.placer.place_job(fut, info, block, info.min_members)
+        if binds is None:
+            units = self._units(info)
+            if not units:
+                return False
+            res = preempt_for(self.placer, fut, info, units, block, info.min_members,
+                              self.s.config.preemption.candidate_nodes)
+            if res is None:
+                return False
+            chosen, binds = res
+            self._emit(info, chosen)
+        for b in binds:
+            self.hard[self.cycle.table.index[b.node_id]] = True
+        self._account(info.job.tenant, _demand(binds))  # its quota is held while it waits
+        return True
+
+    def _emit(self, info: JobInfo, chosen: list[Unit]) -> None:
+        allocs = self.cycle.snapshot.allocations
+        whole = {u.run.job.job_id for u in chosen if not u.shrink}
+        shrinks: dict[tuple[str, str], list[Unit]] = {}
+        for u in chosen:
+            jid = u.run.job.job_id
+            if u.shrink and jid not in whole:
+                shrinks.setdefault((jid, task_of(allocs[u.allocs[0]])), []).append(u)
+            elif not u.shrink:
+                self.victims.add(jid)
+                self.gone.update(u.run.allocs)
+                self.plan.preemptions.append(Preemption(
+                    jid, u.reason, info.job.job_id, u.run.job.checkpoint_grace_s,
+                    tuple(allocs[k].task_id for k in u.run.allocs),
+                    tuple(sorted({allocs[k].node_id for k in u.run.allocs}))))
+                self._account(u.run.job.tenant, u.run.demand, -1)
+        for (jid, tname), us in shrinks.items():
+            r = us[0].run
+            current = sum(1 for k in r.allocs if task_of(allocs[k]) == tname and k not in self.gone)
+            stop = tuple(allocs[u.allocs[0]].task_id for u in us)
+            for u in us:
+                self.gone.update(u.allocs)
+                a = allocs[u.allocs[0]]
+                self._account(r.job.tenant, Resources(_alloc_gpus(a), a.cpu_milli, a.memory_mib), -1)
+            self.plan.resizes.append(Resize(jid, tname, current, current - len(us), ResizeReason.SHRINK,
+                                            stop_task_ids=stop, for_job=info.job.job_id,
+                                            grace_period_s=r.job.checkpoint_grace_s))
+
+    # --- backfill ---------------------------------------------------------------------------
+    def _reserve(self, info: JobInfo) -> None:
+        base = self.future if self.future is not None else self.cycle.state
+        running = [r for r in self.cycle.running
+                   if not r.run.terminating and r.job.job_id not in self.victims]
+        if self.future is None and any(r.run.terminating for r in self.cycle.running):
+            base = self._future()
+        default = self.s.backfill.default_runtime_s if self.s.backfill else None
+        res = reserve(self.placer, base, info, info.min_members, running, default, self.gone)
+        if res is None:
+            return
+        self.plan.reservations.append(res)
+        self.shadow = min(self.shadow, res.start_time)
+        idx = self.cycle.table.index
+        for nid in res.node_ids:
+            self.soft[idx[nid]] = True
+
+    # --- phase 4: elastic growth -------------------------------------------------------------
+    def _grow(self) -> None:
+        cycle = self.cycle
+        allocs = cycle.snapshot.allocations
+        block = self.hard | self.soft
+        runs = sorted((r for r in cycle.running
+                       if not r.run.terminating and r.job.job_id not in self.victims),
+                      key=lambda r: (-r.static_priority, r.run.start_time, r.job.job_id))
+        for r in runs:
+            job = r.job
+            if not any(t.elastic and t.most_replicas > 0 for t in job.tasks):
+                continue
+            nodes = [cycle.table.index[allocs[k].node_id] for k in r.allocs if allocs[k].node_id in cycle.table.index]
+            roles = [allocs[k].role or task_of(allocs[k]) for k in r.allocs]
+            info = JobInfo(job=job, tasks=job.tasks, demand=Resources(), gpus=r.gpus, min_members=1)
+            for t in job.tasks:
+                if not t.elastic:
+                    continue
+                have = sorted(replica_of(allocs[k]) for k in r.allocs
+                              if task_of(allocs[k]) == t.name and k not in self.gone)
+                want = t.most_replicas - len(have)
+                if want <= 0:
+                    continue
+                free_idx = [x for x in range(t.most_replicas + len(have)) if x not in set(have)][:want]
+                base = self.placer.static_mask(info, t) & ~block
+                binds: list[Bind] = []
+                for rep in free_idx:
+                    d = Resources(t.gpu_amount, t.cpu_milli, t.memory_mib)
+                    if cycle.quota_book is not None and not cycle.quota_book.check(job.tenant, d).admitted:
+                        break
+                    p = Placing(info, t, cycle.state, 1, nodes, roles)
+                    res = self.placer.choose(p, base)
+                    if res is None:
+                        break
+                    i, uses = res
+                    cycle.state.take(i, t.cpu_milli, t.memory_mib, uses)
+                    b = Bind(job.job_id, f"{t.name}-{rep}", t.name, rep, cycle.table.node_ids[i], uses,
+                             t.cpu_milli, t.memory_mib, t.role)
+                    binds.append(b)
+                    nodes.append(i)
+                    roles.append(t.role)
+                    self._account(job.tenant, d)
+                if binds:
+                    self.plan.resizes.append(Resize(job.job_id, t.name, len(have), len(have) + len(binds),
+                                                    ResizeReason.GROW, binds=tuple(binds)))

@@ -1,0 +1,236 @@
+"""Cluster state as numpy arrays over nodes, with buffered (undo-logged) changes.
+
+``NodeTable`` is what does not change between cycles (inventory, topology, labels);
+the scheduler keeps it while the snapshot's ``nodes`` tuple is the same object.
+``ClusterState`` is one cycle's free capacity. Placing a gang tentatively and rolling
+it back whole (``mark`` / ``rollback``) is how all-or-nothing is kept (Volcano's
+Statement); nothing leaves the core until the cycle's plan is returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduling.model import Allocation, GpuUse, Node
+
+BoolArray = npt.NDArray[np.bool_]
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+def _codes(values: Sequence[str]) -> tuple[IntArray, list[str]]:
+    names: dict[str, int] = {}
+    codes = [names.setdefault(v, len(names)) for v in values]
+    return np.asarray(codes, dtype=np.int64), list(names)
+
+
+class NodeTable:
+    """The static part of the cluster: inventory and topology, as arrays."""
+
+    def __init__(self, nodes: Sequence[Node]) -> None:
+        self.src = nodes  # the caller's object, to know when to rebuild
+        self.nodes = tuple(nodes)
+        n = len(self.nodes)
+        g = max((len(x.gpus) for x in self.nodes), default=0) or 1
+        self.n, self.g = n, g
+        self.node_ids = [x.node_id for x in self.nodes]
+        self.index = {nid: i for i, nid in enumerate(self.node_ids)}
+        self.cpu_total = np.asarray([x.cpu_milli for x in self.nodes], dtype=np.int64)
+        self.mem_total = np.asarray([x.memory_mib for x in self.nodes], dtype=np.int64)
+        self.schedulable = np.asarray([x.schedulable for x in self.nodes], dtype=bool)
+        self.rack, self.racks = _codes([x.rack for x in self.nodes])
+        self.gmem_total = np.zeros((n, g), dtype=np.int64)
+        self.exists = np.zeros((n, g), dtype=bool)
+        self.healthy = np.zeros((n, g), dtype=bool)
+        self.mig_total = np.zeros((n, g), dtype=np.int64)
+        self.nvlink = np.zeros((n, g), dtype=np.int64)
+        models: dict[str, int] = {}
+        self.gmodel = np.full((n, g), -1, dtype=np.int64)
+        for i, x in enumerate(self.nodes):
+            for j, s in enumerate(x.gpus):
+                # GPU positions follow the list; GpuUse.index is the slot's index field.
+                self.gmem_total[i, j] = s.memory_mib
+                self.exists[i, j] = True
+                self.healthy[i, j] = s.healthy
+                self.mig_total[i, j] = s.mig_slices
+                self.nvlink[i, j] = s.nvlink_domain
+                self.gmodel[i, j] = models.setdefault(s.model, len(models))
+        self.models = list(models)
+        self.gpu_index = [[s.index for s in x.gpus] for x in self.nodes]
+        self.col_of = [{s.index: j for j, s in enumerate(x.gpus)} for x in self.nodes]
+        # usable for whole GPUs and shares: present, healthy, not in MIG mode
+        self.share_ok = self.exists & self.healthy & (self.mig_total == 0)
+        self.mig_ok = self.exists & self.healthy & (self.mig_total > 0)
+        self.gpu_count = self.share_ok.sum(axis=1).astype(np.int64)
+        self.mask_cache: dict[object, BoolArray] = {}
+
+    def models_mask(self, allowed: tuple[str, ...]) -> BoolArray:
+        """Per GPU: its model is allowed (all, when ``allowed`` is empty)."""
+        key = ("gpu_models", allowed)
+        m = self.mask_cache.get(key)
+        if m is None:
+            codes = [self.models.index(a) for a in allowed if a in self.models]
+            m = np.isin(self.gmodel, codes) if allowed else self.exists.copy()
+            self.mask_cache[key] = m
+        return m
+
+
+@dataclass(slots=True)
+class _Change:
+    node: int
+    cpu: int
+    mem: int
+    uses: tuple[GpuUse, ...]
+    sign: int
+
+
+class ClusterState:
+    """Free capacity for one cycle; mutate only through ``take`` / ``release``."""
+
+    def __init__(self, table: NodeTable) -> None:
+        t = table
+        self.t = t
+        self.cpu_free = t.cpu_total.copy()
+        self.mem_free = t.mem_total.copy()
+        self.gmem_free = np.where(t.share_ok, t.gmem_total, 0)
+        self.gcmp_free = np.where(t.share_ok, 100, 0).astype(np.int64)
+        self.mig_free = np.where(t.mig_ok, t.mig_total, 0)
+        self.idle = t.gpu_count.copy()  # whole GPUs wholly free
+        self.cmp_sum = self.gcmp_free.sum(axis=1)  # free compute percent over the node
+        self.stamp = np.zeros(t.n, dtype=np.int64)  # bumped on every change of a node
+        self.log: list[_Change] = []
+        self.tracking = False
+        self.depth = 0
+        self.cache: dict[str, Any] = {}  # per-state scratch of plugins (FGD's state ids)
+
+    def copy(self) -> ClusterState:
+        c = ClusterState.__new__(ClusterState)
+        c.t = self.t
+        for name in ("cpu_free", "mem_free", "gmem_free", "gcmp_free", "mig_free", "idle",
+                     "cmp_sum", "stamp"):
+            setattr(c, name, getattr(self, name).copy())
+        c.log = []
+        c.tracking = False
+        c.depth = 0
+        c.cache = {}
+        return c
+
+    # --- bulk load ----------------------------------------------------------------
+    def apply(self, allocations: Iterable[Allocation], sign: int = 1) -> None:
+        """Subtract (sign 1) or give back (sign -1) many allocations, vectorised."""
+        t = self.t
+        rows: list[int] = []
+        cpus: list[int] = []
+        mems: list[int] = []
+        g_rows: list[int] = []
+        g_cols: list[int] = []
+        g_mem: list[int] = []
+        g_cmp: list[int] = []
+        g_mig: list[int] = []
+        index = t.index
+        for a in allocations:
+            i = index.get(a.node_id)
+            if i is None:
+                continue  # node gone from the inventory: nothing to account
+            rows.append(i)
+            cpus.append(a.cpu_milli)
+            mems.append(a.memory_mib)
+            cols = t.col_of[i]
+            for u in a.gpus:
+                j = cols.get(u.index)
+                if j is None:
+                    continue
+                g_rows.append(i)
+                g_cols.append(j)
+                if u.mig_slices:
+                    g_mem.append(0)
+                    g_cmp.append(0)
+                    g_mig.append(u.mig_slices)
+                elif u.whole:
+                    g_mem.append(int(t.gmem_total[i, j]))
+                    g_cmp.append(100)
+                    g_mig.append(0)
+                else:
+                    g_mem.append(u.memory_mib)
+                    g_cmp.append(u.compute_pct)
+                    g_mig.append(0)
+        if not rows:
+            return
+        r = np.asarray(rows)
+        np.subtract.at(self.cpu_free, r, sign * np.asarray(cpus, dtype=np.int64))
+        np.subtract.at(self.mem_free, r, sign * np.asarray(mems, dtype=np.int64))
+        if g_rows:
+            gr, gc = np.asarray(g_rows), np.asarray(g_cols)
+            np.subtract.at(self.gmem_free, (gr, gc), sign * np.asarray(g_mem, dtype=np.int64))
+            np.subtract.at(self.gcmp_free, (gr, gc), sign * np.asarray(g_cmp, dtype=np.int64))
+            np.subtract.at(self.mig_free, (gr, gc), sign * np.asarray(g_mig, dtype=np.int64))
+        self.refresh(np.unique(r))
+
+    def refresh(self, rows: IntArray | None = None) -> None:
+        """Recompute the derived per-node figures (idle GPUs, free compute)."""
+        t = self.t
+        sl = slice(None) if rows is None else rows
+        whole = (self.gcmp_free[sl] >= 100) & (self.gmem_free[sl] >= t.gmem_total[sl]) & t.share_ok[sl]
+        self.idle[sl] = whole.sum(axis=1)
+        self.cmp_sum[sl] = self.gcmp_free[sl].sum(axis=1)
+        self.stamp[sl] += 1
+
+    # --- one task at a time, undo-logged ------------------------------------------
+    def take(self, i: int, cpu: int, mem: int, uses: tuple[GpuUse, ...], sign: int = 1) -> None:
+        t = self.t
+        self.cpu_free[i] -= sign * cpu
+        self.mem_free[i] -= sign * mem
+        cols = t.col_of[i]
+        for u in uses:
+            j = cols[u.index]
+            if u.mig_slices:
+                self.mig_free[i, j] -= sign * u.mig_slices
+            elif u.whole:
+                self.gmem_free[i, j] -= sign * int(t.gmem_total[i, j])
+                self.gcmp_free[i, j] -= sign * 100
+            else:
+                self.gmem_free[i, j] -= sign * u.memory_mib
+                self.gcmp_free[i, j] -= sign * u.compute_pct
+        if uses:
+            gm, gc, tot, ok = self.gmem_free[i], self.gcmp_free[i], t.gmem_total[i], t.share_ok[i]
+            self.idle[i] = int(((gc >= 100) & (gm >= tot) & ok).sum())
+            self.cmp_sum[i] = int(gc.sum())
+        self.stamp[i] += 1
+        if self.tracking:
+            self.log.append(_Change(i, cpu, mem, uses, sign))
+
+    def release(self, i: int, cpu: int, mem: int, uses: tuple[GpuUse, ...]) -> None:
+        self.take(i, cpu, mem, uses, sign=-1)
+
+    def mark(self) -> int:
+        """Open a (nestable) statement; returns the position to roll back to."""
+        self.depth += 1
+        self.tracking = True
+        return len(self.log)
+
+    def rollback(self, mark: int) -> None:
+        self.tracking = False
+        while len(self.log) > mark:
+            c = self.log.pop()
+            self.take(c.node, c.cpu, c.mem, c.uses, -c.sign)
+        self._close()
+
+    def commit(self, mark: int) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        self.depth -= 1
+        self.tracking = self.depth > 0
+        if not self.tracking:
+            self.log.clear()
+
+    # --- questions -------------------------------------------------------------------
+    def gpu_rows(self, i: int) -> tuple[list[int], list[int], list[int]]:
+        """Free memory, free compute and total memory of node ``i``'s GPU columns."""
+        return (self.gmem_free[i].tolist(), self.gcmp_free[i].tolist(),
+                self.t.gmem_total[i].tolist())

@@ -70,14 +70,23 @@ def targets(*pairs: tuple[str, str]) -> list[dict[str, Any]]:
 
 
 def timeseries(
-    title: str, tgts: list[dict[str, Any]], unit: str = "short", *, stack: bool = False,
-    desc: str = "", minv: float | None = None, maxv: float | None = None,
+    title: str,
+    tgts: list[dict[str, Any]],
+    unit: str = "short",
+    *,
+    stack: bool = False,
+    desc: str = "",
+    minv: float | None = None,
+    maxv: float | None = None,
 ) -> Panel:
     defaults: dict[str, Any] = {
         "unit": unit,
         "custom": {
-            "drawStyle": "line", "lineWidth": 1, "fillOpacity": 20 if stack else 10,
-            "showPoints": "never", "spanNulls": False,
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 20 if stack else 10,
+            "showPoints": "never",
+            "spanNulls": False,
             "stacking": {"mode": "normal" if stack else "none", "group": "A"},
         },
     }
@@ -86,50 +95,92 @@ def timeseries(
     if maxv is not None:
         defaults["max"] = maxv
     return {
-        "type": "timeseries", "title": title, "description": desc, "datasource": DS,
+        "type": "timeseries",
+        "title": title,
+        "description": desc,
+        "datasource": DS,
         "targets": tgts,
         "fieldConfig": {"defaults": defaults, "overrides": []},
         "options": {
-            "legend": {"displayMode": "table", "placement": "bottom", "showLegend": True,
-                       "calcs": ["lastNotNull", "max"]},
+            "legend": {
+                "displayMode": "table",
+                "placement": "bottom",
+                "showLegend": True,
+                "calcs": ["lastNotNull", "max"],
+            },
             "tooltip": {"mode": "multi", "sort": "desc"},
         },
     }
 
 
-def stat(title: str, expr: str, unit: str = "short", *, desc: str = "",
-         thresholds: list[tuple[float | None, str]] | None = None, legend: str = "") -> Panel:
+def stat(
+    title: str,
+    expr: str,
+    unit: str = "short",
+    *,
+    desc: str = "",
+    thresholds: list[tuple[float | None, str]] | None = None,
+    legend: str = "",
+) -> Panel:
     steps = [{"color": c, "value": v} for v, c in (thresholds or [(None, "green")])]
     return {
-        "type": "stat", "title": title, "description": desc, "datasource": DS,
+        "type": "stat",
+        "title": title,
+        "description": desc,
+        "datasource": DS,
         "targets": [target(expr, legend, instant=True)],
-        "fieldConfig": {"defaults": {"unit": unit,
-                                     "thresholds": {"mode": "absolute", "steps": steps}},
-                        "overrides": []},
-        "options": {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                    "colorMode": "background", "graphMode": "area", "textMode": "auto",
-                    "justifyMode": "auto", "orientation": "auto"},
+        "fieldConfig": {
+            "defaults": {"unit": unit, "thresholds": {"mode": "absolute", "steps": steps}},
+            "overrides": [],
+        },
+        "options": {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "colorMode": "background",
+            "graphMode": "area",
+            "textMode": "auto",
+            "justifyMode": "auto",
+            "orientation": "auto",
+        },
     }
 
 
-def bargauge(title: str, tgts: list[dict[str, Any]], unit: str = "short", *,
-             maxv: float | None = None, desc: str = "") -> Panel:
-    defaults: dict[str, Any] = {"unit": unit, "min": 0,
-                                "thresholds": {"mode": "absolute", "steps": [
-                                    {"color": "green", "value": None},
-                                    {"color": "orange", "value": 0.8 * (maxv or 1)},
-                                    {"color": "red", "value": 0.95 * (maxv or 1)}]}}
+def bargauge(
+    title: str,
+    tgts: list[dict[str, Any]],
+    unit: str = "short",
+    *,
+    maxv: float | None = None,
+    desc: str = "",
+) -> Panel:
+    defaults: dict[str, Any] = {
+        "unit": unit,
+        "min": 0,
+        "thresholds": {
+            "mode": "absolute",
+            "steps": [
+                {"color": "green", "value": None},
+                {"color": "orange", "value": 0.8 * (maxv or 1)},
+                {"color": "red", "value": 0.95 * (maxv or 1)},
+            ],
+        },
+    }
     if maxv is not None:
         defaults["max"] = maxv
     for t in tgts:
         t["instant"] = True
     return {
-        "type": "bargauge", "title": title, "description": desc, "datasource": DS,
+        "type": "bargauge",
+        "title": title,
+        "description": desc,
+        "datasource": DS,
         "targets": tgts,
         "fieldConfig": {"defaults": defaults, "overrides": []},
-        "options": {"displayMode": "gradient", "orientation": "horizontal",
-                    "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                    "showUnfilled": True},
+        "options": {
+            "displayMode": "gradient",
+            "orientation": "horizontal",
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "showUnfilled": True,
+        },
     }
 
 
@@ -137,41 +188,72 @@ def heatmap_buckets(title: str, metric: str, matcher: str = "", desc: str = "") 
     """A distribution over time from a Prometheus histogram's buckets."""
     expr = f"sum by (le) (increase({metric}_bucket{matcher}[{RI}]))"
     return {
-        "type": "heatmap", "title": title, "description": desc, "datasource": DS,
+        "type": "heatmap",
+        "title": title,
+        "description": desc,
+        "datasource": DS,
         "targets": [target(expr, "{{le}}", format="heatmap")],
-        "fieldConfig": {"defaults": {"custom": {"scaleDistribution": {"type": "linear"}}},
-                        "overrides": []},
+        "fieldConfig": {
+            "defaults": {"custom": {"scaleDistribution": {"type": "linear"}}},
+            "overrides": [],
+        },
         "options": {
             "calculate": False,
             "yAxis": {"unit": "s", "axisPlacement": "left"},
             "rowsFrame": {"layout": "auto"},
-            "color": {"mode": "scheme", "scheme": "Oranges", "steps": 64, "exponent": 0.5,
-                      "fill": "dark-orange", "scale": "exponential", "reverse": False},
-            "cellGap": 1, "tooltip": {"mode": "single", "yHistogram": True},
+            "color": {
+                "mode": "scheme",
+                "scheme": "Oranges",
+                "steps": 64,
+                "exponent": 0.5,
+                "fill": "dark-orange",
+                "scale": "exponential",
+                "reverse": False,
+            },
+            "cellGap": 1,
+            "tooltip": {"mode": "single", "yHistogram": True},
             "legend": {"show": True},
         },
     }
 
 
-def heatmap_series(title: str, expr: str, legend: str, unit: str, *,
-                   minv: float | None = None, maxv: float | None = None,
-                   scheme: str = "Turbo", desc: str = "") -> Panel:
+def heatmap_series(
+    title: str,
+    expr: str,
+    legend: str,
+    unit: str,
+    *,
+    minv: float | None = None,
+    maxv: float | None = None,
+    scheme: str = "Turbo",
+    desc: str = "",
+) -> Panel:
     """One row per series (here: per GPU), coloured by value over time."""
-    color: dict[str, Any] = {"mode": "scheme", "scheme": scheme, "steps": 64,
-                             "fill": "dark-orange", "scale": "linear", "reverse": False}
+    color: dict[str, Any] = {
+        "mode": "scheme",
+        "scheme": scheme,
+        "steps": 64,
+        "fill": "dark-orange",
+        "scale": "linear",
+        "reverse": False,
+    }
     if minv is not None:
         color["min"] = minv
     if maxv is not None:
         color["max"] = maxv
     return {
-        "type": "heatmap", "title": title, "description": desc, "datasource": DS,
+        "type": "heatmap",
+        "title": title,
+        "description": desc,
+        "datasource": DS,
         "targets": [target(expr, legend)],
         "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
         "options": {
             "calculate": False,
             "yAxis": {"axisPlacement": "left"},
             "rowsFrame": {"layout": "unknown"},
-            "color": color, "cellGap": 1,
+            "color": color,
+            "cellGap": 1,
             "cellValues": {"unit": unit},
             "tooltip": {"mode": "single", "yHistogram": False, "showColorScale": True},
             "legend": {"show": True},
@@ -184,33 +266,67 @@ def table(title: str, tgts: list[dict[str, Any]], desc: str = "") -> Panel:
         t["instant"] = True
         t["format"] = "table"
     return {
-        "type": "table", "title": title, "description": desc, "datasource": DS,
+        "type": "table",
+        "title": title,
+        "description": desc,
+        "datasource": DS,
         "targets": tgts,
         "fieldConfig": {"defaults": {}, "overrides": []},
         "options": {"showHeader": True, "cellHeight": "sm"},
-        "transformations": [{"id": "organize", "options": {
-            "excludeByName": {"Time": True}, "renameByName": {"Value": "value"}}}],
+        "transformations": [
+            {
+                "id": "organize",
+                "options": {"excludeByName": {"Time": True}, "renameByName": {"Value": "value"}},
+            }
+        ],
     }
 
 
 def datasource_var() -> dict[str, Any]:
-    return {"name": "datasource", "label": "Data source", "type": "datasource",
-            "query": "prometheus", "current": {}, "hide": 0, "refresh": 1,
-            "regex": "", "includeAll": False, "multi": False, "options": []}
+    return {
+        "name": "datasource",
+        "label": "Data source",
+        "type": "datasource",
+        "query": "prometheus",
+        "current": {},
+        "hide": 0,
+        "refresh": 1,
+        "regex": "",
+        "includeAll": False,
+        "multi": False,
+        "options": [],
+    }
 
 
 def query_var(name: str, label: str, metric: str, label_name: str) -> dict[str, Any]:
     query = f"label_values({metric}, {label_name})"
-    return {"name": name, "label": label, "type": "query", "datasource": DS,
-            "definition": query, "query": {"query": query, "refId": "PrometheusVariableQuery"},
-            "refresh": 2, "includeAll": True, "multi": True, "allValue": ".*",
-            "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
-            "options": [], "sort": 1, "hide": 0, "regex": ""}
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DS,
+        "definition": query,
+        "query": {"query": query, "refId": "PrometheusVariableQuery"},
+        "refresh": 2,
+        "includeAll": True,
+        "multi": True,
+        "allValue": ".*",
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "options": [],
+        "sort": 1,
+        "hide": 0,
+        "regex": "",
+    }
 
 
-def dashboard(uid: str, title: str, description: str, panels: list[Panel],
-              variables: list[dict[str, Any]] | None = None, tags: tuple[str, ...] = ()
-              ) -> dict[str, Any]:
+def dashboard(
+    uid: str,
+    title: str,
+    description: str,
+    panels: list[Panel],
+    variables: list[dict[str, Any]] | None = None,
+    tags: tuple[str, ...] = (),
+) -> dict[str, Any]:
     return {
         "uid": uid,
         "title": title,
@@ -225,12 +341,29 @@ def dashboard(uid: str, title: str, description: str, panels: list[Panel],
         "refresh": "30s",
         "fiscalYearStartMonth": 0,
         "liveNow": False,
-        "annotations": {"list": [{
-            "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"},
-            "enable": True, "hide": True, "iconColor": "rgba(0, 211, 255, 1)",
-            "name": "Annotations & Alerts", "type": "dashboard"}]},
-        "links": [{"title": "Kairos dashboards", "type": "dashboards", "tags": ["kairos"],
-                   "asDropdown": True, "includeVars": False, "keepTime": True}],
+        "annotations": {
+            "list": [
+                {
+                    "builtIn": 1,
+                    "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                    "enable": True,
+                    "hide": True,
+                    "iconColor": "rgba(0, 211, 255, 1)",
+                    "name": "Annotations & Alerts",
+                    "type": "dashboard",
+                }
+            ]
+        },
+        "links": [
+            {
+                "title": "Kairos dashboards",
+                "type": "dashboards",
+                "tags": ["kairos"],
+                "asDropdown": True,
+                "includeVars": False,
+                "keepTime": True,
+            }
+        ],
         "templating": {"list": [datasource_var(), *(variables or [])]},
         "panels": panels,
     }
@@ -238,57 +371,150 @@ def dashboard(uid: str, title: str, description: str, panels: list[Panel],
 
 # --- dashboards -------------------------------------------------------------------------
 
+
 def cluster() -> dict[str, Any]:
     L = Layout()
-    alloc_ratio = ('max(kairos_cluster_gpus{state="allocated"})'
-                   ' / max(kairos_cluster_gpus{state="total"})')
+    alloc_ratio = (
+        'max(kairos_cluster_gpus{state="allocated"}) / max(kairos_cluster_gpus{state="total"})'
+    )
     p: list[Panel] = [
         L.row("Now"),
         L.place(stat("GPUs", 'max(kairos_cluster_gpus{state="total"})'), 4, 4),
-        L.place(stat("GPUs allocated", alloc_ratio, "percentunit", thresholds=[
-            (None, "blue"), (0.8, "green")]), 4, 4),
+        L.place(
+            stat(
+                "GPUs allocated",
+                alloc_ratio,
+                "percentunit",
+                thresholds=[(None, "blue"), (0.8, "green")],
+            ),
+            4,
+            4,
+        ),
         L.place(stat("Shared GPUs", 'max(kairos_cluster_gpus{state="shared"})'), 4, 4),
-        L.place(stat("Degraded GPUs", 'max(kairos_cluster_gpus{state="degraded"})',
-                     thresholds=[(None, "green"), (1, "red")]), 4, 4),
-        L.place(stat("Nodes ready / lost", 'max by (state) (kairos_nodes{state=~"ready|lost"})',
-                     legend="{{state}}"), 4, 4),
-        L.place(stat("Fragmentation", "max(kairos_cluster_fragmentation_ratio)", "percentunit",
-                     thresholds=[(None, "green"), (0.2, "orange"), (0.4, "red")]), 4, 4),
+        L.place(
+            stat(
+                "Degraded GPUs",
+                'max(kairos_cluster_gpus{state="degraded"})',
+                thresholds=[(None, "green"), (1, "red")],
+            ),
+            4,
+            4,
+        ),
+        L.place(
+            stat(
+                "Nodes ready / lost",
+                'max by (state) (kairos_nodes{state=~"ready|lost"})',
+                legend="{{state}}",
+            ),
+            4,
+            4,
+        ),
+        L.place(
+            stat(
+                "Fragmentation",
+                "max(kairos_cluster_fragmentation_ratio)",
+                "percentunit",
+                thresholds=[(None, "green"), (0.2, "orange"), (0.4, "red")],
+            ),
+            4,
+            4,
+        ),
         L.row("Over time"),
-        L.place(timeseries("GPU allocation", targets(
-            ('max(kairos_cluster_gpus{state="total"})', "total"),
-            ('max(kairos_cluster_gpus{state="allocated"})', "allocated"),
-            ('max(kairos_cluster_gpus{state="shared"})', "shared"),
-            ('max(kairos_cluster_gpus{state="degraded"})', "degraded")),
-            desc="Allocated against installed GPUs; shared GPUs host fractional requests."),
-            12, 8),
-        L.place(timeseries("Allocation and utilisation", targets(
-            (alloc_ratio, "allocated ÷ total"),
-            ("avg(max by (node, gpu) (kairos_gpu_utilization_ratio))", "mean SM utilisation"),
-        ), "percentunit", minv=0, maxv=1,
-            desc="Allocation is what the scheduler handed out; utilisation what the GPUs did "
-                 "with it. A wide gap means jobs hold GPUs they do not use."), 12, 8),
-        L.place(timeseries("Fragmentation", targets(
-            ("max(kairos_cluster_fragmentation_ratio)", "stranded ÷ free"),
-        ), "percentunit", minv=0, maxv=1,
-            desc="Share of free capacity that pending request shapes cannot use."), 12, 8),
-        L.place(timeseries("Nodes", targets(
-            ("max by (state) (kairos_nodes)", "{{state}}"),
-            ("max(increase(kairos_nodes_lost_total[$__rate_interval]))", "lost (events)"),
-        )), 12, 8),
-        L.place(timeseries("Jobs by state", targets(
-            ('max by (state) (kairos_jobs{state=~"pending|admitted|bound|running"})',
-             "{{state}}"),
-        ), stack=True), 12, 8),
-        L.place(timeseries("Placements and preemptions", targets(
-            (f"sum(rate(kairos_scheduler_placements_total[{RI}]))", "placements/s"),
-            (f"sum by (reason) (rate(kairos_scheduler_preemptions_total[{RI}]))",
-             "preempted/s {{reason}}"),
-        ), "ops"), 12, 8),
+        L.place(
+            timeseries(
+                "GPU allocation",
+                targets(
+                    ('max(kairos_cluster_gpus{state="total"})', "total"),
+                    ('max(kairos_cluster_gpus{state="allocated"})', "allocated"),
+                    ('max(kairos_cluster_gpus{state="shared"})', "shared"),
+                    ('max(kairos_cluster_gpus{state="degraded"})', "degraded"),
+                ),
+                desc="Allocated against installed GPUs; shared GPUs host fractional requests.",
+            ),
+            12,
+            8,
+        ),
+        L.place(
+            timeseries(
+                "Allocation and utilisation",
+                targets(
+                    (alloc_ratio, "allocated ÷ total"),
+                    (
+                        "avg(max by (node, gpu) (kairos_gpu_utilization_ratio))",
+                        "mean SM utilisation",
+                    ),
+                ),
+                "percentunit",
+                minv=0,
+                maxv=1,
+                desc="Allocation is what the scheduler handed out; utilisation what the GPUs did "
+                "with it. A wide gap means jobs hold GPUs they do not use.",
+            ),
+            12,
+            8,
+        ),
+        L.place(
+            timeseries(
+                "Fragmentation",
+                targets(
+                    ("max(kairos_cluster_fragmentation_ratio)", "stranded ÷ free"),
+                ),
+                "percentunit",
+                minv=0,
+                maxv=1,
+                desc="Share of free capacity that pending request shapes cannot use.",
+            ),
+            12,
+            8,
+        ),
+        L.place(
+            timeseries(
+                "Nodes",
+                targets(
+                    ("max by (state) (kairos_nodes)", "{{state}}"),
+                    ("max(increase(kairos_nodes_lost_total[$__rate_interval]))", "lost (events)"),
+                ),
+            ),
+            12,
+            8,
+        ),
+        L.place(
+            timeseries(
+                "Jobs by state",
+                targets(
+                    (
+                        'max by (state) (kairos_jobs{state=~"pending|admitted|bound|running"})',
+                        "{{state}}",
+                    ),
+                ),
+                stack=True,
+            ),
+            12,
+            8,
+        ),
+        L.place(
+            timeseries(
+                "Placements and preemptions",
+                targets(
+                    (f"sum(rate(kairos_scheduler_placements_total[{RI}]))", "placements/s"),
+                    (
+                        f"sum by (reason) (rate(kairos_scheduler_preemptions_total[{RI}]))",
+                        "preempted/s {{reason}}",
+                    ),
+                ),
+                "ops",
+            ),
+            12,
+            8,
+        ),
     ]
-    return dashboard("kairos-cluster", "Kairos / Cluster overview",
-                     "GPU allocation, utilisation and fragmentation across the cluster.", p,
-                     tags=("cluster",))
+    return dashboard(
+        "kairos-cluster",
+        "Kairos / Cluster overview",
+        "GPU allocation, utilisation and fragmentation across the cluster.",
+        p,
+        tags=("cluster",),
+    )
 
 
 def queues() -> dict[str, Any]:
@@ -296,60 +522,172 @@ def queues() -> dict[str, Any]:
     sel = '{queue=~"$queue", tenant=~"$tenant"}'
     p: list[Panel] = [
         L.row("Demand"),
-        L.place(timeseries("Pending jobs", targets(
-            (f"max by (queue, tenant) (kairos_queue_pending_jobs{sel})", "{{queue}} / {{tenant}}"),
-        ), stack=True), 12, 8),
-        L.place(timeseries("Running jobs", targets(
-            (f"max by (queue, tenant) (kairos_queue_running_jobs{sel})", "{{queue}} / {{tenant}}"),
-        ), stack=True), 12, 8),
+        L.place(
+            timeseries(
+                "Pending jobs",
+                targets(
+                    (
+                        f"max by (queue, tenant) (kairos_queue_pending_jobs{sel})",
+                        "{{queue}} / {{tenant}}",
+                    ),
+                ),
+                stack=True,
+            ),
+            12,
+            8,
+        ),
+        L.place(
+            timeseries(
+                "Running jobs",
+                targets(
+                    (
+                        f"max by (queue, tenant) (kairos_queue_running_jobs{sel})",
+                        "{{queue}} / {{tenant}}",
+                    ),
+                ),
+                stack=True,
+            ),
+            12,
+            8,
+        ),
         L.row("Fair share and quota"),
-        L.place(timeseries("Dominant share (DRF)", targets(
-            (f"max by (queue, tenant) (kairos_queue_dominant_share_ratio{sel})",
-             "{{queue}} / {{tenant}}"),
-        ), "percentunit", minv=0, maxv=1,
-            desc="Each tenant's largest share of any resource; DRF equalises these."), 12, 8),
-        L.place(timeseries("Quota use ÷ guarantee", targets(
-            (f'max by (queue, tenant) (kairos_queue_quota_gpus{{kind="used", '
-             f'queue=~"$queue", tenant=~"$tenant"}}) / max by (queue, tenant) '
-             f'(kairos_queue_quota_gpus{{kind="guaranteed", queue=~"$queue", '
-             f'tenant=~"$tenant"}} > 0)', "{{queue}} / {{tenant}}"),
-        ), "percentunit", minv=0,
-            desc="Above 100% the tenant borrows idle capacity from its cohort."), 12, 8),
-        L.place(table("GPU quota by tenant", targets(
-            (f'max by (queue, tenant) (kairos_queue_quota_gpus{{kind="guaranteed", '
-             f'queue=~"$queue", tenant=~"$tenant"}})', "guaranteed"),
-            (f'max by (queue, tenant) (kairos_queue_quota_gpus{{kind="used", '
-             f'queue=~"$queue", tenant=~"$tenant"}})', "used"),
-            (f'max by (queue, tenant) (kairos_queue_quota_gpus{{kind="borrowed", '
-             f'queue=~"$queue", tenant=~"$tenant"}})', "borrowed"),
-        )), 12, 8),
-        L.place(timeseries("Borrowed GPUs", targets(
-            (f'max by (queue, tenant) (kairos_queue_quota_gpus{{kind="borrowed", '
-             f'queue=~"$queue", tenant=~"$tenant"}})', "{{queue}} / {{tenant}}"),
-        ), stack=True), 12, 8),
+        L.place(
+            timeseries(
+                "Dominant share (DRF)",
+                targets(
+                    (
+                        f"max by (queue, tenant) (kairos_queue_dominant_share_ratio{sel})",
+                        "{{queue}} / {{tenant}}",
+                    ),
+                ),
+                "percentunit",
+                minv=0,
+                maxv=1,
+                desc="Each tenant's largest share of any resource; DRF equalises these.",
+            ),
+            12,
+            8,
+        ),
+        L.place(
+            timeseries(
+                "Quota use ÷ guarantee",
+                targets(
+                    (
+                        'max by (queue, tenant) (kairos_queue_quota_gpus{kind="used", '
+                        'queue=~"$queue", tenant=~"$tenant"}) / max by (queue, tenant) '
+                        '(kairos_queue_quota_gpus{kind="guaranteed", queue=~"$queue", '
+                        'tenant=~"$tenant"} > 0)',
+                        "{{queue}} / {{tenant}}",
+                    ),
+                ),
+                "percentunit",
+                minv=0,
+                desc="Above 100% the tenant borrows idle capacity from its cohort.",
+            ),
+            12,
+            8,
+        ),
+        L.place(
+            table(
+                "GPU quota by tenant",
+                targets(
+                    (
+                        'max by (queue, tenant) (kairos_queue_quota_gpus{kind="guaranteed", '
+                        'queue=~"$queue", tenant=~"$tenant"})',
+                        "guaranteed",
+                    ),
+                    (
+                        'max by (queue, tenant) (kairos_queue_quota_gpus{kind="used", '
+                        'queue=~"$queue", tenant=~"$tenant"})',
+                        "used",
+                    ),
+                    (
+                        'max by (queue, tenant) (kairos_queue_quota_gpus{kind="borrowed", '
+                        'queue=~"$queue", tenant=~"$tenant"})',
+                        "borrowed",
+                    ),
+                ),
+            ),
+            12,
+            8,
+        ),
+        L.place(
+            timeseries(
+                "Borrowed GPUs",
+                targets(
+                    (
+                        'max by (queue, tenant) (kairos_queue_quota_gpus{kind="borrowed", '
+                        'queue=~"$queue", tenant=~"$tenant"})',
+                        "{{queue}} / {{tenant}}",
+                    ),
+                ),
+                stack=True,
+            ),
+            12,
+            8,
+        ),
         L.row("Waiting"),
-        L.place(timeseries("Queueing time p50 / p95 by queue", targets(
-            (f"histogram_quantile(0.5, sum by (queue, le) "
-             f"(rate(kairos_job_queueing_seconds_bucket{sel}[{RI}])))", "p50 {{queue}}"),
-            (f"histogram_quantile(0.95, sum by (queue, le) "
-             f"(rate(kairos_job_queueing_seconds_bucket{sel}[{RI}])))", "p95 {{queue}}"),
-        ), "s"), 12, 8),
-        L.place(timeseries("Oldest waiting job vs starvation bound", targets(
-            (f"max by (queue, tenant) (kairos_queue_oldest_pending_seconds{sel})",
-             "oldest {{queue}} / {{tenant}}"),
-            (f"max by (queue, tenant) (kairos_queue_starvation_bound_seconds{sel})",
-             "bound {{queue}} / {{tenant}}"),
-        ), "s"), 12, 8),
-        L.place(timeseries("Why jobs wait (scheduler pending reasons)", targets(
-            ("max by (reason) (kairos_scheduler_pending_jobs)", "{{reason}}"),
-        ), stack=True), 24, 8),
+        L.place(
+            timeseries(
+                "Queueing time p50 / p95 by queue",
+                targets(
+                    (
+                        f"histogram_quantile(0.5, sum by (queue, le) "
+                        f"(rate(kairos_job_queueing_seconds_bucket{sel}[{RI}])))",
+                        "p50 {{queue}}",
+                    ),
+                    (
+                        f"histogram_quantile(0.95, sum by (queue, le) "
+                        f"(rate(kairos_job_queueing_seconds_bucket{sel}[{RI}])))",
+                        "p95 {{queue}}",
+                    ),
+                ),
+                "s",
+            ),
+            12,
+            8,
+        ),
+        L.place(
+            timeseries(
+                "Oldest waiting job vs starvation bound",
+                targets(
+                    (
+                        f"max by (queue, tenant) (kairos_queue_oldest_pending_seconds{sel})",
+                        "oldest {{queue}} / {{tenant}}",
+                    ),
+                    (
+                        f"max by (queue, tenant) (kairos_queue_starvation_bound_seconds{sel})",
+                        "bound {{queue}} / {{tenant}}",
+                    ),
+                ),
+                "s",
+            ),
+            12,
+            8,
+        ),
+        L.place(
+            timeseries(
+                "Why jobs wait (scheduler pending reasons)",
+                targets(
+                    ("max by (reason) (kairos_scheduler_pending_jobs)", "{{reason}}"),
+                ),
+                stack=True,
+            ),
+            24,
+            8,
+        ),
     ]
     return dashboard(
-        "kairos-queues", "Kairos / Queues and tenants",
-        "Per-queue and per-tenant demand, fair share, quota and wait times.", p,
-        [query_var("queue", "Queue", "kairos_queue_pending_jobs", "queue"),
-         query_var("tenant", "Tenant", "kairos_queue_pending_jobs", "tenant")],
-        tags=("queues",))
+        "kairos-queues",
+        "Kairos / Queues and tenants",
+        "Per-queue and per-tenant demand, fair share, quota and wait times.",
+        p,
+        [
+            query_var("queue", "Queue", "kairos_queue_pending_jobs", "queue"),
+            query_var("tenant", "Tenant", "kairos_queue_pending_jobs", "tenant"),
+        ],
+        tags=("queues",),
+    )
 
 
 def jobs() -> dict[str, Any]:
@@ -358,51 +696,161 @@ def jobs() -> dict[str, Any]:
     p: list[Panel] = [
         L.row("States"),
         L.place(stat("Running", 'max(kairos_jobs{state="running"})'), 4, 4),
-        L.place(stat("Waiting", 'sum(max by (state) (kairos_jobs{state=~"pending|admitted|bound"}))'),
-                4, 4),
-        L.place(stat("Failed", 'max(kairos_jobs{state="failed"})',
-                     thresholds=[(None, "green"), (1, "orange")]), 4, 4),
+        L.place(
+            stat("Waiting", 'sum(max by (state) (kairos_jobs{state=~"pending|admitted|bound"}))'),
+            4,
+            4,
+        ),
+        L.place(
+            stat(
+                "Failed",
+                'max(kairos_jobs{state="failed"})',
+                thresholds=[(None, "green"), (1, "orange")],
+            ),
+            4,
+            4,
+        ),
         L.place(stat("Succeeded", 'max(kairos_jobs{state="succeeded"})'), 4, 4),
-        L.place(stat("Stuck", "sum(max by (reason) (kairos_jobs_stuck))",
-                     thresholds=[(None, "green"), (1, "red")]), 4, 4),
-        L.place(stat("Median JCT",
-                     f"histogram_quantile(0.5, sum by (le) (rate(kairos_job_completion_seconds_bucket{sel}[1h])))",
-                     "s"), 4, 4),
-        L.place(timeseries("Jobs by state", targets(
-            ("max by (state) (kairos_jobs)", "{{state}}"),
-        )), 12, 8),
-        L.place(timeseries("Transitions", targets(
-            (f"sum by (state) (max by (state, reason) "
-             f"(rate(kairos_job_transitions_total[{RI}])))", "{{state}}"),
-        ), "ops"), 12, 8),
+        L.place(
+            stat(
+                "Stuck",
+                "sum(max by (reason) (kairos_jobs_stuck))",
+                thresholds=[(None, "green"), (1, "red")],
+            ),
+            4,
+            4,
+        ),
+        L.place(
+            stat(
+                "Median JCT",
+                f"histogram_quantile(0.5, sum by (le) (rate(kairos_job_completion_seconds_bucket{sel}[1h])))",
+                "s",
+            ),
+            4,
+            4,
+        ),
+        L.place(
+            timeseries(
+                "Jobs by state",
+                targets(
+                    ("max by (state) (kairos_jobs)", "{{state}}"),
+                ),
+            ),
+            12,
+            8,
+        ),
+        L.place(
+            timeseries(
+                "Transitions",
+                targets(
+                    (
+                        f"sum by (state) (max by (state, reason) "
+                        f"(rate(kairos_job_transitions_total[{RI}])))",
+                        "{{state}}",
+                    ),
+                ),
+                "ops",
+            ),
+            12,
+            8,
+        ),
         L.row("Completion time (JCT)"),
-        L.place(heatmap_buckets("JCT distribution", "kairos_job_completion_seconds", sel,
-                                "Submission to terminal state, per completed job."), 12, 8),
-        L.place(timeseries("JCT quantiles", targets(
-            (f"histogram_quantile(0.5, sum by (le) (rate(kairos_job_completion_seconds_bucket{sel}[{RI}])))", "p50"),
-            (f"histogram_quantile(0.9, sum by (le) (rate(kairos_job_completion_seconds_bucket{sel}[{RI}])))", "p90"),
-            (f"histogram_quantile(0.99, sum by (le) (rate(kairos_job_completion_seconds_bucket{sel}[{RI}])))", "p99"),
-        ), "s"), 12, 8),
+        L.place(
+            heatmap_buckets(
+                "JCT distribution",
+                "kairos_job_completion_seconds",
+                sel,
+                "Submission to terminal state, per completed job.",
+            ),
+            12,
+            8,
+        ),
+        L.place(
+            timeseries(
+                "JCT quantiles",
+                targets(
+                    (
+                        f"histogram_quantile(0.5, sum by (le) (rate(kairos_job_completion_seconds_bucket{sel}[{RI}])))",
+                        "p50",
+                    ),
+                    (
+                        f"histogram_quantile(0.9, sum by (le) (rate(kairos_job_completion_seconds_bucket{sel}[{RI}])))",
+                        "p90",
+                    ),
+                    (
+                        f"histogram_quantile(0.99, sum by (le) (rate(kairos_job_completion_seconds_bucket{sel}[{RI}])))",
+                        "p99",
+                    ),
+                ),
+                "s",
+            ),
+            12,
+            8,
+        ),
         L.row("Waiting time"),
-        L.place(heatmap_buckets("Queueing time distribution", "kairos_job_queueing_seconds",
-                                sel, "Submission to first running."), 12, 8),
-        L.place(timeseries("Queueing time quantiles", targets(
-            (f"histogram_quantile(0.5, sum by (le) (rate(kairos_job_queueing_seconds_bucket{sel}[{RI}])))", "p50"),
-            (f"histogram_quantile(0.9, sum by (le) (rate(kairos_job_queueing_seconds_bucket{sel}[{RI}])))", "p90"),
-            (f"histogram_quantile(0.99, sum by (le) (rate(kairos_job_queueing_seconds_bucket{sel}[{RI}])))", "p99"),
-        ), "s"), 12, 8),
-        L.place(timeseries("Throughput", targets(
-            (f"sum(rate(kairos_job_completion_seconds_count{sel}[{RI}]))", "completed/s"),
-            (f"sum(rate(kairos_job_queueing_seconds_count{sel}[{RI}]))", "started/s"),
-        ), "ops"), 12, 8),
-        L.place(timeseries("Stuck jobs", targets(
-            ("max by (reason) (kairos_jobs_stuck)", "{{reason}}"),
-        )), 12, 8),
+        L.place(
+            heatmap_buckets(
+                "Queueing time distribution",
+                "kairos_job_queueing_seconds",
+                sel,
+                "Submission to first running.",
+            ),
+            12,
+            8,
+        ),
+        L.place(
+            timeseries(
+                "Queueing time quantiles",
+                targets(
+                    (
+                        f"histogram_quantile(0.5, sum by (le) (rate(kairos_job_queueing_seconds_bucket{sel}[{RI}])))",
+                        "p50",
+                    ),
+                    (
+                        f"histogram_quantile(0.9, sum by (le) (rate(kairos_job_queueing_seconds_bucket{sel}[{RI}])))",
+                        "p90",
+                    ),
+                    (
+                        f"histogram_quantile(0.99, sum by (le) (rate(kairos_job_queueing_seconds_bucket{sel}[{RI}])))",
+                        "p99",
+                    ),
+                ),
+                "s",
+            ),
+            12,
+            8,
+        ),
+        L.place(
+            timeseries(
+                "Throughput",
+                targets(
+                    (f"sum(rate(kairos_job_completion_seconds_count{sel}[{RI}]))", "completed/s"),
+                    (f"sum(rate(kairos_job_queueing_seconds_count{sel}[{RI}]))", "started/s"),
+                ),
+                "ops",
+            ),
+            12,
+            8,
+        ),
+        L.place(
+            timeseries(
+                "Stuck jobs",
+                targets(
+                    ("max by (reason) (kairos_jobs_stuck)", "{{reason}}"),
+                ),
+            ),
+            12,
+            8,
+        ),
     ]
-    return dashboard("kairos-jobs", "Kairos / Jobs",
-                     "Job states, completion-time and waiting-time distributions.", p,
-                     [query_var("queue", "Queue", "kairos_job_queueing_seconds_count", "queue")],
-                     tags=("jobs",))
+    return dashboard(
+        "kairos-jobs",
+        "Kairos / Jobs",
+        "Job states, completion-time and waiting-time distributions.",
+        p,
+        [query_var("queue", "Queue", "kairos_job_queueing_seconds_count", "queue")],
+        tags=("jobs",),
+    )
 
 
 def gpus() -> dict[str, Any]:
@@ -410,110 +858,338 @@ def gpus() -> dict[str, Any]:
     sel = '{node=~"$node"}'
     p: list[Panel] = [
         L.row("Per GPU over time"),
-        L.place(heatmap_series(
-            "Utilisation per GPU", f"max by (node, gpu) (kairos_gpu_utilization_ratio{sel})",
-            "{{node}}/{{gpu}}", "percentunit", minv=0, maxv=1,
-            desc="One row per GPU; colour is SM utilisation."), 24, 10),
-        L.place(heatmap_series(
-            "Memory used per GPU",
-            f"max by (node, gpu) (kairos_gpu_memory_used_bytes{sel}) / "
-            f"max by (node, gpu) (kairos_gpu_memory_total_bytes{sel})",
-            "{{node}}/{{gpu}}", "percentunit", minv=0, maxv=1, scheme="Blues"), 24, 10),
-        L.place(heatmap_series(
-            "Temperature per GPU", f"max by (node, gpu) (kairos_gpu_temperature_celsius{sel})",
-            "{{node}}/{{gpu}}", "celsius", minv=30, maxv=90, scheme="RdYlBu"), 24, 10),
+        L.place(
+            heatmap_series(
+                "Utilisation per GPU",
+                f"max by (node, gpu) (kairos_gpu_utilization_ratio{sel})",
+                "{{node}}/{{gpu}}",
+                "percentunit",
+                minv=0,
+                maxv=1,
+                desc="One row per GPU; colour is SM utilisation.",
+            ),
+            24,
+            10,
+        ),
+        L.place(
+            heatmap_series(
+                "Memory used per GPU",
+                f"max by (node, gpu) (kairos_gpu_memory_used_bytes{sel}) / "
+                f"max by (node, gpu) (kairos_gpu_memory_total_bytes{sel})",
+                "{{node}}/{{gpu}}",
+                "percentunit",
+                minv=0,
+                maxv=1,
+                scheme="Blues",
+            ),
+            24,
+            10,
+        ),
+        L.place(
+            heatmap_series(
+                "Temperature per GPU",
+                f"max by (node, gpu) (kairos_gpu_temperature_celsius{sel})",
+                "{{node}}/{{gpu}}",
+                "celsius",
+                minv=30,
+                maxv=90,
+                scheme="RdYlBu",
+            ),
+            24,
+            10,
+        ),
         L.row("Now"),
-        L.place(bargauge("Utilisation now", [target(
-            f"max by (node, gpu) (kairos_gpu_utilization_ratio{sel})", "{{node}}/{{gpu}}")],
-            "percentunit", maxv=1), 8, 10),
-        L.place(bargauge("Memory used now", [target(
-            f"max by (node, gpu) (kairos_gpu_memory_used_bytes{sel})", "{{node}}/{{gpu}}")],
-            "bytes"), 8, 10),
-        L.place(table("Degraded GPUs", [target(
-            f"max by (node, gpu) (kairos_gpu_degraded{sel}) > 0", "")],
-            "GPUs the agents report as degraded (XID, ECC, thermal)."), 8, 10),
-        L.place(timeseries("Power draw per node", targets(
-            (f"sum by (node) (max by (node, gpu) (kairos_gpu_power_watts{sel}))", "{{node}}"),
-        ), "watt"), 12, 8),
-        L.place(timeseries("Seconds since last heartbeat", targets(
-            (f"time() - max by (node) (kairos_node_last_heartbeat_timestamp_seconds{sel})",
-             "{{node}}"),
-            ("max(kairos_node_heartbeat_timeout_seconds)", "lost after"),
-        ), "s"), 12, 8),
+        L.place(
+            bargauge(
+                "Utilisation now",
+                [
+                    target(
+                        f"max by (node, gpu) (kairos_gpu_utilization_ratio{sel})",
+                        "{{node}}/{{gpu}}",
+                    )
+                ],
+                "percentunit",
+                maxv=1,
+            ),
+            8,
+            10,
+        ),
+        L.place(
+            bargauge(
+                "Memory used now",
+                [
+                    target(
+                        f"max by (node, gpu) (kairos_gpu_memory_used_bytes{sel})",
+                        "{{node}}/{{gpu}}",
+                    )
+                ],
+                "bytes",
+            ),
+            8,
+            10,
+        ),
+        L.place(
+            table(
+                "Degraded GPUs",
+                [target(f"max by (node, gpu) (kairos_gpu_degraded{sel}) > 0", "")],
+                "GPUs the agents report as degraded (XID, ECC, thermal).",
+            ),
+            8,
+            10,
+        ),
+        L.place(
+            timeseries(
+                "Power draw per node",
+                targets(
+                    (
+                        f"sum by (node) (max by (node, gpu) (kairos_gpu_power_watts{sel}))",
+                        "{{node}}",
+                    ),
+                ),
+                "watt",
+            ),
+            12,
+            8,
+        ),
+        L.place(
+            timeseries(
+                "Seconds since last heartbeat",
+                targets(
+                    (
+                        f"time() - max by (node) (kairos_node_last_heartbeat_timestamp_seconds{sel})",
+                        "{{node}}",
+                    ),
+                    ("max(kairos_node_heartbeat_timeout_seconds)", "lost after"),
+                ),
+                "s",
+            ),
+            12,
+            8,
+        ),
     ]
-    return dashboard("kairos-gpus", "Kairos / GPUs",
-                     "Per-GPU utilisation, memory, temperature and power from node telemetry.",
-                     p, [query_var("node", "Node", "kairos_gpu_utilization_ratio", "node")],
-                     tags=("gpus",))
+    return dashboard(
+        "kairos-gpus",
+        "Kairos / GPUs",
+        "Per-GPU utilisation, memory, temperature and power from node telemetry.",
+        p,
+        [query_var("node", "Node", "kairos_gpu_utilization_ratio", "node")],
+        tags=("gpus",),
+    )
 
 
 def platform() -> dict[str, Any]:
     L = Layout()
     p: list[Panel] = [
         L.row("Scheduler"),
-        L.place(stat("Leader", "max(kairos_scheduler_is_leader)",
-                     thresholds=[(None, "red"), (1, "green")]), 4, 4),
+        L.place(
+            stat(
+                "Leader",
+                "max(kairos_scheduler_is_leader)",
+                thresholds=[(None, "red"), (1, "green")],
+            ),
+            4,
+            4,
+        ),
         L.place(stat("Epoch", "max(kairos_scheduler_epoch)"), 4, 4),
-        L.place(stat("Cycle p99",
-                     f'histogram_quantile(0.99, sum by (le) (rate(kairos_scheduler_cycle_seconds_bucket{{phase="total"}}[5m])))',
-                     "s", thresholds=[(None, "green"), (1, "orange"), (5, "red")]), 4, 4),
-        L.place(stat("Outbox pending", "max(kairos_outbox_pending)",
-                     thresholds=[(None, "green"), (100, "orange"), (1000, "red")]), 4, 4),
-        L.place(stat("Targets down", 'count(up{job=~".*kairos.*"} == 0) or vector(0)',
-                     thresholds=[(None, "green"), (1, "red")]), 4, 4),
-        L.place(stat("Dead letters (1h)",
-                     "sum(increase(kairos_deadletters_total[1h])) or vector(0)",
-                     thresholds=[(None, "green"), (1, "orange")]), 4, 4),
-        L.place(timeseries("Scheduling cycle p50 / p99 by phase", targets(
-            (f"histogram_quantile(0.5, sum by (phase, le) (rate(kairos_scheduler_cycle_seconds_bucket[{RI}])))", "p50 {{phase}}"),
-            (f"histogram_quantile(0.99, sum by (phase, le) (rate(kairos_scheduler_cycle_seconds_bucket[{RI}])))", "p99 {{phase}}"),
-        ), "s"), 12, 8),
-        L.place(timeseries("Leadership", targets(
-            ("sum(kairos_scheduler_is_leader)", "replicas claiming leadership"),
-            ("max(kairos_scheduler_epoch)", "epoch"),
-        )), 12, 8),
+        L.place(
+            stat(
+                "Cycle p99",
+                'histogram_quantile(0.99, sum by (le) (rate(kairos_scheduler_cycle_seconds_bucket{phase="total"}[5m])))',
+                "s",
+                thresholds=[(None, "green"), (1, "orange"), (5, "red")],
+            ),
+            4,
+            4,
+        ),
+        L.place(
+            stat(
+                "Outbox pending",
+                "max(kairos_outbox_pending)",
+                thresholds=[(None, "green"), (100, "orange"), (1000, "red")],
+            ),
+            4,
+            4,
+        ),
+        L.place(
+            stat(
+                "Targets down",
+                'count(up{job=~".*kairos.*"} == 0) or vector(0)',
+                thresholds=[(None, "green"), (1, "red")],
+            ),
+            4,
+            4,
+        ),
+        L.place(
+            stat(
+                "Dead letters (1h)",
+                "sum(increase(kairos_deadletters_total[1h])) or vector(0)",
+                thresholds=[(None, "green"), (1, "orange")],
+            ),
+            4,
+            4,
+        ),
+        L.place(
+            timeseries(
+                "Scheduling cycle p50 / p99 by phase",
+                targets(
+                    (
+                        f"histogram_quantile(0.5, sum by (phase, le) (rate(kairos_scheduler_cycle_seconds_bucket[{RI}])))",
+                        "p50 {{phase}}",
+                    ),
+                    (
+                        f"histogram_quantile(0.99, sum by (phase, le) (rate(kairos_scheduler_cycle_seconds_bucket[{RI}])))",
+                        "p99 {{phase}}",
+                    ),
+                ),
+                "s",
+            ),
+            12,
+            8,
+        ),
+        L.place(
+            timeseries(
+                "Leadership",
+                targets(
+                    ("sum(kairos_scheduler_is_leader)", "replicas claiming leadership"),
+                    ("max(kairos_scheduler_epoch)", "epoch"),
+                ),
+            ),
+            12,
+            8,
+        ),
         L.row("Messaging"),
-        L.place(timeseries("Consumer lag by service and topic", targets(
-            ("sum by (service, topic) (max by (service, topic, partition) (kairos_consumer_lag))",
-             "{{service}} {{topic}}"),
-        )), 12, 8),
-        L.place(timeseries("Handler latency p99", targets(
-            (f"histogram_quantile(0.99, sum by (service, topic, le) (rate(kairos_handler_seconds_bucket[{RI}])))",
-             "{{service}} {{topic}}"),
-        ), "s"), 12, 8),
-        L.place(timeseries("Messages by outcome", targets(
-            (f"sum by (service, outcome) (rate(kairos_messages_total[{RI}]))",
-             "{{service}} {{outcome}}"),
-        ), "ops"), 12, 8),
-        L.place(timeseries("Errors and dead letters", targets(
-            (f"sum by (service, topic, reason) (rate(kairos_deadletters_total[{RI}]))",
-             "dead-lettered {{service}} {{topic}} {{reason}}"),
-            (f'sum by (service) (rate(kairos_messages_total{{outcome="retried"}}[{RI}]))',
-             "retried {{service}}"),
-            (f'sum by (route) (rate(kairos_http_requests_total{{status=~"5.."}}[{RI}]))',
-             "HTTP 5xx {{route}}"),
-        ), "ops"), 12, 8),
-        L.place(timeseries("Published", targets(
-            (f"sum by (service, topic) (rate(kairos_published_total[{RI}]))",
-             "{{service}} → {{topic}}"),
-        ), "ops"), 12, 8),
-        L.place(timeseries("Outbox pending", targets(
-            ("max(kairos_outbox_pending)", "rows"),
-        )), 12, 8),
+        L.place(
+            timeseries(
+                "Consumer lag by service and topic",
+                targets(
+                    (
+                        "sum by (service, topic) (max by (service, topic, partition) (kairos_consumer_lag))",
+                        "{{service}} {{topic}}",
+                    ),
+                ),
+            ),
+            12,
+            8,
+        ),
+        L.place(
+            timeseries(
+                "Handler latency p99",
+                targets(
+                    (
+                        f"histogram_quantile(0.99, sum by (service, topic, le) (rate(kairos_handler_seconds_bucket[{RI}])))",
+                        "{{service}} {{topic}}",
+                    ),
+                ),
+                "s",
+            ),
+            12,
+            8,
+        ),
+        L.place(
+            timeseries(
+                "Messages by outcome",
+                targets(
+                    (
+                        f"sum by (service, outcome) (rate(kairos_messages_total[{RI}]))",
+                        "{{service}} {{outcome}}",
+                    ),
+                ),
+                "ops",
+            ),
+            12,
+            8,
+        ),
+        L.place(
+            timeseries(
+                "Errors and dead letters",
+                targets(
+                    (
+                        f"sum by (service, topic, reason) (rate(kairos_deadletters_total[{RI}]))",
+                        "dead-lettered {{service}} {{topic}} {{reason}}",
+                    ),
+                    (
+                        f'sum by (service) (rate(kairos_messages_total{{outcome="retried"}}[{RI}]))',
+                        "retried {{service}}",
+                    ),
+                    (
+                        f'sum by (route) (rate(kairos_http_requests_total{{status=~"5.."}}[{RI}]))',
+                        "HTTP 5xx {{route}}",
+                    ),
+                ),
+                "ops",
+            ),
+            12,
+            8,
+        ),
+        L.place(
+            timeseries(
+                "Published",
+                targets(
+                    (
+                        f"sum by (service, topic) (rate(kairos_published_total[{RI}]))",
+                        "{{service}} → {{topic}}",
+                    ),
+                ),
+                "ops",
+            ),
+            12,
+            8,
+        ),
+        L.place(
+            timeseries(
+                "Outbox pending",
+                targets(
+                    ("max(kairos_outbox_pending)", "rows"),
+                ),
+            ),
+            12,
+            8,
+        ),
         L.row("API"),
-        L.place(timeseries("HTTP requests by status", targets(
-            (f"sum by (status) (rate(kairos_http_requests_total[{RI}]))", "{{status}}"),
-        ), "reqps", stack=True), 12, 8),
-        L.place(timeseries("HTTP latency p99 by route", targets(
-            (f"histogram_quantile(0.99, sum by (route, le) (rate(kairos_http_request_seconds_bucket[{RI}])))",
-             "{{route}}"),
-        ), "s"), 12, 8),
-        L.place(table("Targets", [target('up{job=~".*kairos.*"}', "")],
-                      "Every scraped Kairos process; 0 = scrape failing."), 24, 8),
+        L.place(
+            timeseries(
+                "HTTP requests by status",
+                targets(
+                    (f"sum by (status) (rate(kairos_http_requests_total[{RI}]))", "{{status}}"),
+                ),
+                "reqps",
+                stack=True,
+            ),
+            12,
+            8,
+        ),
+        L.place(
+            timeseries(
+                "HTTP latency p99 by route",
+                targets(
+                    (
+                        f"histogram_quantile(0.99, sum by (route, le) (rate(kairos_http_request_seconds_bucket[{RI}])))",
+                        "{{route}}",
+                    ),
+                ),
+                "s",
+            ),
+            12,
+            8,
+        ),
+        L.place(
+            table(
+                "Targets",
+                [target('up{job=~".*kairos.*"}', "")],
+                "Every scraped Kairos process; 0 = scrape failing.",
+            ),
+            24,
+            8,
+        ),
     ]
-    return dashboard("kairos-platform", "Kairos / Platform",
-                     "Scheduler cycle latency, consumer lag, handler latency, errors and dead "
-                     "letters, API traffic.", p, tags=("platform",))
+    return dashboard(
+        "kairos-platform",
+        "Kairos / Platform",
+        "Scheduler cycle latency, consumer lag, handler latency, errors and dead "
+        "letters, API traffic.",
+        p,
+        tags=("platform",),
+    )
 
 
 DASHBOARDS = {
@@ -526,8 +1202,10 @@ DASHBOARDS = {
 
 
 def render() -> dict[str, str]:
-    return {name: json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
-            for name, build in DASHBOARDS.items()}
+    return {
+        name: json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
+        for name, build in DASHBOARDS.items()
+    }
 
 
 def main() -> int:
@@ -539,7 +1217,10 @@ def main() -> int:
                 stale.unlink()
         for name, text in rendered.items():
             (out / name).write_text(text, encoding="utf-8")
-    print(f"wrote {len(rendered)} dashboards to " + ", ".join(str(o.relative_to(ROOT)) for o in OUT_DIRS))
+    print(
+        f"wrote {len(rendered)} dashboards to "
+        + ", ".join(str(o.relative_to(ROOT)) for o in OUT_DIRS)
+    )
     return 0
 
 

@@ -55,7 +55,9 @@ class CatalogueEntry:
 
 def load_catalogue() -> dict[str, CatalogueEntry]:
     """The metric tables of monitoring/METRICS.md."""
-    row = re.compile(r"^\|\s*`(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)`\s*\|\s*(?P<type>\w+)\s*\|(?P<labels>[^|]*)\|")
+    row = re.compile(
+        r"^\|\s*`(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)`\s*\|\s*(?P<type>\w+)\s*\|(?P<labels>[^|]*)\|"
+    )
     entries: dict[str, CatalogueEntry] = {}
     for line in METRICS_MD.read_text(encoding="utf-8").splitlines():
         m = row.match(line)

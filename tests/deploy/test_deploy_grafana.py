@@ -22,8 +22,19 @@ GRAFANA = ROOT / "monitoring" / "grafana"
 DASHBOARD_DIR = GRAFANA / "dashboards"
 DASHBOARDS = sorted(DASHBOARD_DIR.glob("*.json"))
 EXPECTED_UIDS = {"kairos-cluster", "kairos-queues", "kairos-jobs", "kairos-gpus", "kairos-platform"}
-PANEL_TYPES = {"row", "timeseries", "stat", "gauge", "bargauge", "heatmap", "table",
-               "piechart", "state-timeline", "status-history", "text"}
+PANEL_TYPES = {
+    "row",
+    "timeseries",
+    "stat",
+    "gauge",
+    "bargauge",
+    "heatmap",
+    "table",
+    "piechart",
+    "state-timeline",
+    "status-history",
+    "text",
+}
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -45,14 +56,16 @@ def exprs() -> Iterator[tuple[str, str, str]]:
 
 def test_dashboards_are_generated_from_the_script() -> None:
     spec = importlib.util.spec_from_file_location("gen", GRAFANA / "generate_dashboards.py")
-    assert spec and spec.loader
+    assert spec
+    assert spec.loader
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     rendered = gen.render()
     for out in (DASHBOARD_DIR, CHART / "files" / "dashboards"):
         on_disk = {p.name: p.read_text(encoding="utf-8") for p in out.glob("*.json")}
         assert on_disk == rendered, (
-            f"{out.relative_to(ROOT)} is stale: run python monitoring/grafana/generate_dashboards.py")
+            f"{out.relative_to(ROOT)} is stale: run python monitoring/grafana/generate_dashboards.py"
+        )
 
 
 def test_dashboard_set_and_uids() -> None:
@@ -66,8 +79,11 @@ def test_dashboard_set_and_uids() -> None:
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
 def test_dashboard_is_valid_for_file_provisioning(path: Path) -> None:
     d = load(path)
-    assert isinstance(d["uid"], str) and 0 < len(d["uid"]) <= 40
-    assert d["title"] and isinstance(d["schemaVersion"], int) and d["schemaVersion"] >= 36
+    assert isinstance(d["uid"], str)
+    assert 0 < len(d["uid"]) <= 40
+    assert d["title"]
+    assert isinstance(d["schemaVersion"], int)
+    assert d["schemaVersion"] >= 36
     assert "id" not in d or d["id"] is None, "provisioned dashboards must not carry a fixed id"
     variables = {v["name"]: v for v in d["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
@@ -78,8 +94,12 @@ def test_dashboard_is_valid_for_file_provisioning(path: Path) -> None:
     for p in panels(d):
         assert p["type"] in PANEL_TYPES, p["type"]
         g = p["gridPos"]
-        assert 0 <= g["x"] and g["x"] + g["w"] <= 24 and g["h"] > 0, p["title"]
-        cells = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert g["x"] >= 0, p["title"]
+        assert g["x"] + g["w"] <= 24, p["title"]
+        assert g["h"] > 0, p["title"]
+        cells = {
+            (x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])
+        }
         assert not cells & occupied, f"panel {p['title']!r} overlaps another"
         occupied |= cells
         if p["type"] == "row":
@@ -119,7 +139,7 @@ def test_template_variables_use_catalogued_metrics(catalogue) -> None:
         for var in load(path)["templating"]["list"]:
             if var["type"] != "query":
                 continue
-            metric, label = var["query"]["query"][len("label_values("):-1].split(", ")
+            metric, label = var["query"]["query"][len("label_values(") : -1].split(", ")
             assert metric in known, f"{path.name} ${var['name']}: {metric}"
             assert label in known[metric].labels
 
@@ -130,16 +150,32 @@ def test_dashboards_cover_the_required_views() -> None:
     latency, consumer lag, dead letters."""
     text = {load(p)["uid"]: json.dumps(load(p)) for p in DASHBOARDS}
     need = {
-        "kairos-cluster": ["kairos_cluster_gpus", "kairos_gpu_utilization_ratio",
-                           "kairos_cluster_fragmentation_ratio"],
-        "kairos-queues": ["kairos_queue_pending_jobs", "kairos_job_queueing_seconds_bucket",
-                          "kairos_queue_dominant_share_ratio", "kairos_queue_quota_gpus"],
-        "kairos-jobs": ["kairos_job_completion_seconds_bucket", "kairos_job_queueing_seconds_bucket",
-                        "kairos_jobs"],
-        "kairos-gpus": ["kairos_gpu_utilization_ratio", "kairos_gpu_memory_used_bytes",
-                        "kairos_gpu_temperature_celsius"],
-        "kairos-platform": ["kairos_scheduler_cycle_seconds_bucket", "kairos_consumer_lag",
-                            "kairos_deadletters_total"],
+        "kairos-cluster": [
+            "kairos_cluster_gpus",
+            "kairos_gpu_utilization_ratio",
+            "kairos_cluster_fragmentation_ratio",
+        ],
+        "kairos-queues": [
+            "kairos_queue_pending_jobs",
+            "kairos_job_queueing_seconds_bucket",
+            "kairos_queue_dominant_share_ratio",
+            "kairos_queue_quota_gpus",
+        ],
+        "kairos-jobs": [
+            "kairos_job_completion_seconds_bucket",
+            "kairos_job_queueing_seconds_bucket",
+            "kairos_jobs",
+        ],
+        "kairos-gpus": [
+            "kairos_gpu_utilization_ratio",
+            "kairos_gpu_memory_used_bytes",
+            "kairos_gpu_temperature_celsius",
+        ],
+        "kairos-platform": [
+            "kairos_scheduler_cycle_seconds_bucket",
+            "kairos_consumer_lag",
+            "kairos_deadletters_total",
+        ],
     }
     for uid, metrics in need.items():
         for m in metrics:
@@ -152,7 +188,8 @@ def test_provisioning_files() -> None:
     ds = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yaml").read_text())
     assert ds["apiVersion"] == 1
     (prom,) = ds["datasources"]
-    assert prom["type"] == "prometheus" and prom["url"] == "http://prometheus:9090"
+    assert prom["type"] == "prometheus"
+    assert prom["url"] == "http://prometheus:9090"
     dash = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "kairos.yaml").read_text())
     (provider,) = dash["providers"]
     assert provider["type"] == "file"

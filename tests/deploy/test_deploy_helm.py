@@ -20,8 +20,10 @@ from .conftest import CHART, ONE_SHOT_MODULES, ROOT, SERVICES
 
 SCHEMAS = Path(__file__).parent / "schemas"
 CRD_SCHEMAS = {
-    ("monitoring.coreos.com/v1", "ServiceMonitor"): SCHEMAS / "monitoring.coreos.com_v1_servicemonitor.json",
-    ("monitoring.coreos.com/v1", "PrometheusRule"): SCHEMAS / "monitoring.coreos.com_v1_prometheusrule.json",
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): SCHEMAS
+    / "monitoring.coreos.com_v1_servicemonitor.json",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): SCHEMAS
+    / "monitoring.coreos.com_v1_prometheusrule.json",
 }
 # The chart's kubeVersion is >=1.27; validate against the oldest supported and the newest.
 KUBE_VERSIONS = ("1.27.0", kubernetes_validate.latest_version())
@@ -46,7 +48,9 @@ VARIANTS = {"defaults": None, "hpa+servicemonitor": FULL, "existing-secrets+host
 
 def render(values: dict[str, Any] | None) -> list[dict[str, Any]]:
     with helm.Chart.load(CHART) as chart:
-        out = chart.render(copy.deepcopy(values), name=RELEASE, namespace=NAMESPACE, is_install=True)
+        out = chart.render(
+            copy.deepcopy(values), name=RELEASE, namespace=NAMESPACE, is_install=True
+        )
     docs = []
     for path, text in sorted(out.items()):
         if path.endswith("NOTES.txt"):
@@ -79,10 +83,16 @@ def rendered(request) -> tuple[str, list[dict[str, Any]]]:
 
 # --- lint and schema validation -------------------------------------------------------------
 
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_helm_lint_strict(variant: str) -> None:
-    report = helm.lint(CHART, copy.deepcopy(VARIANTS[variant]), strict=True,
-                       namespace=NAMESPACE, kube_version="v1.30.0")
+    report = helm.lint(
+        CHART,
+        copy.deepcopy(VARIANTS[variant]),
+        strict=True,
+        namespace=NAMESPACE,
+        kube_version="v1.30.0",
+    )
     assert report["errors"] == [], report
     problems = [m for m in report["messages"] if m["severity"] >= 2]
     assert problems == [], problems
@@ -97,7 +107,9 @@ def test_every_manifest_validates_against_kubernetes_schemas(rendered) -> None:
                 validate(doc, version)
             except (kubernetes_validate.ValidationError, jsonschema.ValidationError) as e:
                 path = ".".join(str(p) for p in e.path)
-                pytest.fail(f"{doc['kind']}/{doc['metadata']['name']} on {version}: {path}: {e.message}")
+                pytest.fail(
+                    f"{doc['kind']}/{doc['metadata']['name']} on {version}: {path}: {e.message}"
+                )
             except kubernetes_validate.SchemaNotFoundError as e:
                 pytest.fail(f"no schema for {doc['apiVersion']} {doc['kind']}: {e.message}")
 
@@ -129,6 +141,7 @@ def test_names_are_unique_per_kind(rendered) -> None:
 
 # --- workloads --------------------------------------------------------------------------------
 
+
 def test_a_deployment_per_service_running_the_contract_command(rendered) -> None:
     variant, docs = rendered
     deployments = by_kind(docs, "Deployment")
@@ -140,13 +153,19 @@ def test_a_deployment_per_service_running_the_contract_command(rendered) -> None
         assert c["command"] == ["python", "-m", module]
         env = env_of(c)
         assert env["KAIROS_SERVICE_NAME"] == name
-        assert env["KAIROS_HTTP_PORT"] == "8080" and env["KAIROS_HTTP_HOST"] == "0.0.0.0"
+        assert env["KAIROS_HTTP_PORT"] == "8080"
+        assert env["KAIROS_HTTP_HOST"] == "0.0.0.0"
         assert "secretKeyRef" in env["KAIROS_DATABASE_URL"]
-        assert c["resources"]["requests"] and c["resources"]["limits"]
+        assert c["resources"]["requests"]
+        assert c["resources"]["limits"]
         hpa = (VARIANTS[variant] or {}).get(name, {}).get("autoscaling", {}).get("enabled")
         assert ("replicas" in d["spec"]) != bool(hpa)
-    assert env_of(deployments[f"{RELEASE}-scheduler"]["spec"]["template"]["spec"]["containers"][0])[
-        "KAIROS_POLICY_FILE"] == "/etc/kairos/policy.yaml"
+    assert (
+        env_of(deployments[f"{RELEASE}-scheduler"]["spec"]["template"]["spec"]["containers"][0])[
+            "KAIROS_POLICY_FILE"
+        ]
+        == "/etc/kairos/policy.yaml"
+    )
 
 
 def test_probes_on_healthz_and_readyz(rendered) -> None:
@@ -166,7 +185,9 @@ def test_node_agent_daemonset_on_gpu_nodes(rendered) -> None:
     ds = by_kind(docs, "DaemonSet")[f"{RELEASE}-node-agent"]
     spec = ds["spec"]["template"]["spec"]
     assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
+        "tolerations"
+    ]
     (c,) = spec["containers"]
     assert c["command"] == ["python", "-m", "services.node_agent"]
     env = env_of(c)
@@ -175,7 +196,8 @@ def test_node_agent_daemonset_on_gpu_nodes(rendered) -> None:
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     if variant == "existing-secrets+hostpath":
         assert c["securityContext"]["privileged"] is True
-        assert mounts["dev"] == "/dev" and "nvidia-lib" in mounts
+        assert mounts["dev"] == "/dev"
+        assert "nvidia-lib" in mounts
         assert "runtimeClassName" not in spec
     else:
         assert spec["runtimeClassName"] == "nvidia"
@@ -189,7 +211,8 @@ def test_simulated_nodes_deployment_when_enabled() -> None:
     sim = by_kind(docs, "Deployment")[f"{RELEASE}-node-agent-simulated"]
     env = env_of(sim["spec"]["template"]["spec"]["containers"][0])
     assert env["KAIROS_NODE_RUNTIME"] == "simulated"
-    assert env["KAIROS_SIM_NODES"] == "4" and env["KAIROS_SIM_GPUS_PER_NODE"] == "8"
+    assert env["KAIROS_SIM_NODES"] == "4"
+    assert env["KAIROS_SIM_GPUS_PER_NODE"] == "8"
     assert f"{RELEASE}-node-agent-simulated" not in by_kind(render(None), "Deployment")
 
 
@@ -213,6 +236,7 @@ def test_init_job_is_a_hook_running_topics_then_migrations(rendered) -> None:
 
 # --- configuration and secrets --------------------------------------------------------------
 
+
 def test_config_maps_hold_policy_and_queues(rendered) -> None:
     _, docs = rendered
     cm = by_kind(docs, "ConfigMap")[f"{RELEASE}-config"]
@@ -230,9 +254,11 @@ def test_secrets_and_existing_secret_options() -> None:
     secret = by_kind(docs, "Secret")[RELEASE]
     assert set(secret["data"]) == {"dev-token", "database-url"}
     import base64
+
     assert len(base64.b64decode(secret["data"]["dev-token"])) >= 32  # generated, not a placeholder
     url = base64.b64decode(secret["data"]["database-url"]).decode()
-    assert url.startswith("postgresql+asyncpg://") and ":" not in url.split("//")[1].split("@")[0]
+    assert url.startswith("postgresql+asyncpg://")
+    assert ":" not in url.split("//")[1].split("@")[0]
 
     docs = render(EXISTING)
     assert RELEASE not in by_kind(docs, "Secret")
@@ -243,27 +269,40 @@ def test_secrets_and_existing_secret_options() -> None:
     assert env["KAIROS_KAFKA_BOOTSTRAP"] == "broker-0.kafka:9092,broker-1.kafka:9092"
 
     docs = render({"database": {"passwordSecret": {"name": "pg", "key": "password"}}})
-    env = env_of(by_kind(docs, "Deployment")[f"{RELEASE}-monitor"]["spec"]["template"]["spec"]["containers"][0])
+    env = env_of(
+        by_kind(docs, "Deployment")[f"{RELEASE}-monitor"]["spec"]["template"]["spec"]["containers"][
+            0
+        ]
+    )
     assert env["PGPASSWORD"]["secretKeyRef"] == {"name": "pg", "key": "password"}
 
 
 def test_no_secret_values_in_plain_env(rendered) -> None:
     _, docs = rendered
-    for w in [*by_kind(docs, "Deployment").values(), *by_kind(docs, "DaemonSet").values(),
-              *by_kind(docs, "Job").values()]:
+    for w in [
+        *by_kind(docs, "Deployment").values(),
+        *by_kind(docs, "DaemonSet").values(),
+        *by_kind(docs, "Job").values(),
+    ]:
         for c in w["spec"]["template"]["spec"]["containers"]:
             env = env_of(c)
             for key in ("KAIROS_DATABASE_URL", "KAIROS_DEV_TOKEN", "PGPASSWORD"):
                 if key in env:
-                    assert isinstance(env[key], dict) and "secretKeyRef" in env[key], key
+                    assert isinstance(env[key], dict), key
+                    assert "secretKeyRef" in env[key], key
 
 
 # --- RBAC -------------------------------------------------------------------------------------
 
+
 def rules_of(docs: list[dict[str, Any]], kind: str, name: str) -> dict[tuple[str, str], set[str]]:
     role = by_kind(docs, kind)[name]
-    return {(g, r): set(rule["verbs"]) for rule in role["rules"]
-            for g in rule["apiGroups"] for r in rule["resources"]}
+    return {
+        (g, r): set(rule["verbs"])
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+    }
 
 
 def test_rbac_for_agent_and_scheduler() -> None:
@@ -280,7 +319,8 @@ def test_rbac_for_agent_and_scheduler() -> None:
     for kind in ("RoleBinding", "ClusterRoleBinding"):
         for b in by_kind(docs, kind).values():
             (subject,) = b["subjects"]
-            assert subject["name"] in sas and subject["namespace"] == NAMESPACE
+            assert subject["name"] in sas
+            assert subject["namespace"] == NAMESPACE
     ds = by_kind(docs, "DaemonSet")[f"{RELEASE}-node-agent"]
     assert ds["spec"]["template"]["spec"]["serviceAccountName"] == f"{RELEASE}-node-agent"
     # Services that do not call the API get no token.
@@ -290,52 +330,78 @@ def test_rbac_for_agent_and_scheduler() -> None:
 
 # --- scaling and monitoring -------------------------------------------------------------------
 
+
 def test_hpa_and_service_monitor_when_enabled() -> None:
     docs = render(None)
     assert not by_kind(docs, "HorizontalPodAutoscaler")
-    assert not by_kind(docs, "ServiceMonitor") and not by_kind(docs, "PrometheusRule")
+    assert not by_kind(docs, "ServiceMonitor")
+    assert not by_kind(docs, "PrometheusRule")
     docs = render(FULL)
     hpas = by_kind(docs, "HorizontalPodAutoscaler")
     assert set(hpas) == {f"{RELEASE}-admission", f"{RELEASE}-queueing", f"{RELEASE}-monitor"}
     for name, hpa in hpas.items():
-        assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}
+        assert hpa["spec"]["scaleTargetRef"] == {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "name": name,
+        }
     (sm,) = by_kind(docs, "ServiceMonitor").values()
     assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     (endpoint,) = sm["spec"]["endpoints"]
-    assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
+    assert endpoint["port"] == "http"
+    assert endpoint["path"] == "/metrics"
     assert endpoint["honorLabels"] is True  # keep the metrics' own `service` label
-    selected = [s for s in by_kind(docs, "Service").values()
-                if all(s["metadata"]["labels"].get(k) == v for k, v in sm["spec"]["selector"]["matchLabels"].items())]
+    selected = [
+        s
+        for s in by_kind(docs, "Service").values()
+        if all(
+            s["metadata"]["labels"].get(k) == v
+            for k, v in sm["spec"]["selector"]["matchLabels"].items()
+        )
+    ]
     components = {s["metadata"]["labels"]["app.kubernetes.io/component"] for s in selected}
     assert set(SERVICES) <= components
 
 
 def test_prometheus_rule_matches_monitoring_alerts() -> None:
     alerts = yaml.safe_load((ROOT / "monitoring" / "prometheus" / "alerts.yml").read_text())
-    assert (CHART / "files" / "alerts.yml").read_text() == (ROOT / "monitoring" / "prometheus" / "alerts.yml").read_text(), (
-        "charts/kairos/files/alerts.yml differs: cp monitoring/prometheus/alerts.yml charts/kairos/files/")
+    assert (CHART / "files" / "alerts.yml").read_text() == (
+        ROOT / "monitoring" / "prometheus" / "alerts.yml"
+    ).read_text(), (
+        "charts/kairos/files/alerts.yml differs: cp monitoring/prometheus/alerts.yml charts/kairos/files/"
+    )
     (rule,) = by_kind(render(FULL), "PrometheusRule").values()
     assert rule["spec"] == alerts
 
 
 def test_dashboards_ship_as_sidecar_config_maps() -> None:
     docs = render(None)
-    maps = [c for c in by_kind(docs, "ConfigMap").values() if c["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    maps = [
+        c
+        for c in by_kind(docs, "ConfigMap").values()
+        if c["metadata"]["labels"].get("grafana_dashboard") == "1"
+    ]
     shipped = {}
     for cm in maps:
         assert cm["metadata"]["annotations"]["grafana_folder"] == "Kairos"
         ((name, text),) = cm["data"].items()
         shipped[name] = text
-    source = {p.name: p.read_text() for p in (ROOT / "monitoring" / "grafana" / "dashboards").glob("*.json")}
+    source = {
+        p.name: p.read_text()
+        for p in (ROOT / "monitoring" / "grafana" / "dashboards").glob("*.json")
+    }
     assert set(shipped) == set(source)
     for name, text in shipped.items():
         assert json.loads(text) == json.loads(source[name]), name
-    assert not [c for c in by_kind(render({"dashboards": {"enabled": False}}), "ConfigMap").values()
-                if "grafana_dashboard" in c["metadata"]["labels"]]
+    assert not [
+        c
+        for c in by_kind(render({"dashboards": {"enabled": False}}), "ConfigMap").values()
+        if "grafana_dashboard" in c["metadata"]["labels"]
+    ]
 
 
 def test_pod_security(rendered) -> None:
-    variant, docs = rendered
+    _variant, docs = rendered
     for w in [*by_kind(docs, "Deployment").values(), *by_kind(docs, "Job").values()]:
         spec = w["spec"]["template"]["spec"]
         assert spec["securityContext"]["runAsNonRoot"] is True

@@ -38,7 +38,10 @@ def close_objects(node: Any) -> None:
 
 def main() -> None:
     pkg = "cloudcoil-models-prometheus-operator"
-    for model, kind in ((v1.ServiceMonitor, "servicemonitor"), (v1.PrometheusRule, "prometheusrule")):
+    for model, kind in (
+        (v1.ServiceMonitor, "servicemonitor"),
+        (v1.PrometheusRule, "prometheusrule"),
+    ):
         schema = model.model_json_schema(by_alias=True)
         close_objects(schema)
         schema["$comment"] = (

@@ -4,6 +4,7 @@ everything is checked statically, with the tools scripts/install-deploy-tools.sh
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -28,6 +29,28 @@ SERVICES = {
 }
 ONE_SHOT_MODULES = ("kairos.topics", "kairos.migrate")
 INSTALL_HINT = "run scripts/install-deploy-tools.sh"
+
+# Python tools the deploy tests import (module -> PyPI package).
+TOOL_MODULES = {
+    "yaml": "pyyaml",
+    "jsonschema": "jsonschema",
+    "check_jsonschema": "check-jsonschema",
+    "helm_python": "helm-python-sdk",
+    "kubernetes_validate": "kubernetes-validate",
+    "promql_parser": "promql-parser",
+    "dockerfile": "dockerfile",
+}
+MISSING_PACKAGES = sorted(
+    pkg for mod, pkg in TOOL_MODULES.items() if importlib.util.find_spec(mod) is None
+)
+if MISSING_PACKAGES:
+    # Do not break collection of the whole suite: skip collecting the modules that import
+    # the tools, and let test_deploy_tools.py fail, saying what to install.
+    collect_ignore = [
+        p.name
+        for p in Path(__file__).parent.glob("test_deploy_*.py")
+        if p.name != "test_deploy_tools.py"
+    ]
 
 
 def tool(name: str) -> str:

@@ -18,7 +18,7 @@ one numpy gather, so only nodes whose state is new cost Python work.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -68,6 +68,32 @@ def task_shapes(tasks: Iterable[tuple[TaskRequest, tuple[str, ...], int]]) -> li
     """Task types of (task, allowed models, replicas); FGD's key omits host memory."""
     return [TaskShape(float(n), t.gpu, t.gpu_memory_mib, t.gpu_compute_pct, t.cpu_milli, 0, models)
             for t, models, n in tasks]
+
+
+def fragmentation(gm: Sequence[int], gc: Sequence[int], total_mem: Sequence[int], ok: Sequence[bool],
+                  models: Sequence[int], cpu: int, mem: int, mix: Sequence[_Type]) -> float:
+    """F_n(M) of one node, in GPUs: per GPU free memory ``gm`` and compute % ``gc``,
+    ``ok`` usable (healthy, not MIG), ``models`` model codes; free host ``cpu``, ``mem``."""
+    usable = [j for j in range(len(ok)) if ok[j]]
+    free = sum(gc[j] for j in usable) / 100.0
+    f = 0.0
+    for p, g, mm, mc, tcpu, tmem, allowed in mix:
+        cols = usable if allowed is None else [j for j in usable if models[j] in allowed]
+        if not (g or mm or mc) or not cols:
+            f += p * free  # GPU-less type or no GPU of its model: nothing here serves it
+            continue
+        if g:
+            fits = [j for j in cols if gc[j] >= 100 and gm[j] >= total_mem[j]]
+            host = len(fits) >= g
+        else:
+            fits = [j for j in cols if gm[j] >= mm and gc[j] >= mc]
+            host = bool(fits)
+        if host and cpu >= tcpu and mem >= tmem:
+            fit = set(fits)  # the paper's Q3 case: only GPUs too small for m are fragments
+            f += p * sum(gc[j] for j in usable if j not in fit) / 100.0
+        else:
+            f += p * free  # m cannot run here at all: every free GPU is a fragment
+    return f
 
 
 @register
@@ -145,26 +171,7 @@ class Fgd(Plugin):
     def _frag(self, key: _Key) -> float:
         cls, cpu, mem, gm, gc = key
         models, total_mem, ok = self.class_list[cls]
-        usable = [j for j in range(len(ok)) if ok[j]]
-        free = sum(gc[j] for j in usable) / 100.0
-        f = 0.0
-        for p, g, mm, mc, tcpu, tmem, allowed in self.mix:
-            cols = usable if allowed is None else [j for j in usable if models[j] in allowed]
-            if not (g or mm or mc) or not cols:
-                f += p * free  # GPU-less type or no GPU of its model: nothing here serves it
-                continue
-            if g:
-                fits = [j for j in cols if gc[j] >= 100 and gm[j] >= total_mem[j]]
-                host = len(fits) >= g
-            else:
-                fits = [j for j in cols if gm[j] >= mm and gc[j] >= mc]
-                host = bool(fits)
-            if host and cpu >= tcpu and mem >= tmem:
-                fit = set(fits)
-                f += p * sum(gc[j] for j in usable if j not in fit) / 100.0
-            else:
-                f += p * free
-        return f
+        return fragmentation(gm, gc, total_mem, ok, models, cpu, mem, self.mix)
 
     def _delta(self, k: int, t: TaskRequest, allowed: frozenset[int] | None) -> tuple[float, int]:
         """Least increase of F over the GPU choices for ``t`` on state ``k``; and that GPU."""

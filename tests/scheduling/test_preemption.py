@@ -1,0 +1,119 @@
+"""Preemption: priority- and fairness-driven, checkpoint-aware, least lost work."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduling import PendingReason, PreemptReason, ResizeReason, Scheduler
+from tests.scheduling.builders import World, bound, cluster, config, job
+
+PLUGINS = ("gang", "priority", "binpack")
+
+
+def world(n: int = 1, *plugins: str | tuple, now: float = 1000.0) -> World:
+    return World(cluster(n), Scheduler(config(*(plugins or PLUGINS))), now=now)
+
+
+def test_high_priority_preempts_low_and_waits_for_it() -> None:
+    w = world()
+    w.start(job("low").klass("low").gpus(8), at=0, n0=list(range(8)))
+    w.submit(job("hi").klass("high").gpus(4))
+    plan = w.step()
+    assert plan.binds == []
+    assert plan.pending == {"hi": PendingReason.PREEMPTING}
+    [p] = plan.preemptions
+    assert (p.job_id, p.reason, p.preemptor, p.task_ids) == ("low", PreemptReason.PRIORITY, "hi", ("w-0",))
+    # while the victim checkpoints, nothing more is preempted and nobody takes its GPUs
+    w.submit(job("other").klass("low").gpus(1))
+    plan = w.step(5)
+    assert plan.preemptions == []
+    assert plan.binds == []
+    assert plan.pending["hi"] == PendingReason.PREEMPTING
+    w.stop_terminating()
+    plan = w.step(30)
+    assert set(bound(plan)) == {"hi", "other"}
+
+
+@pytest.mark.parametrize(
+    ("name", "victims", "expected"),
+    [
+        ("least work lost since start", [("a", 0, None), ("b", 900, None)], "b"),
+        ("a fresh checkpoint loses little", [("a", 0, 990), ("b", 900, None)], "a"),
+        ("lower priority first", [("a", 990, None), ("b", 0, None)], "a"),
+    ],
+)
+def test_victim_choice(name, victims, expected) -> None:
+    w = world(2)
+    for k, (jid, start, ckpt) in enumerate(victims):
+        klass = "low" if name.startswith("lower") and jid == "a" else "normal"
+        w.start(job(jid).klass(klass).gpus(8), at=start, checkpoint=ckpt, **{f"n{k}": list(range(8))})
+    w.submit(job("hi").klass("urgent").gpus(8))
+    plan = w.step()
+    assert [p.job_id for p in plan.preemptions] == [expected], name
+
+
+@pytest.mark.parametrize(
+    ("name", "victim", "reason"),
+    [
+        ("not preemptible", job("v").gpus(8).not_preemptible(), PendingReason.NO_FIT),
+        ("minimum runtime not reached", job("v").gpus(8).min_runtime(5000), PendingReason.NO_FIT),
+        ("same class", job("v").klass("high").gpus(8), PendingReason.NO_FIT),
+    ],
+)
+def test_protected_victims(name, victim, reason) -> None:
+    w = world()
+    w.start(victim, at=0, n0=list(range(8)))
+    plan = w.submit(job("hi").klass("high").gpus(8)).step()
+    assert plan.preemptions == [], name
+    assert plan.pending == {"hi": reason}, name
+
+
+def test_never_preempts_for_a_job_that_still_would_not_fit() -> None:
+    w = world(2)
+    w.start(job("low").klass("low").gpus(8), at=0, n0=list(range(8)))
+    w.start(job("keep").gpus(8).not_preemptible(), at=0, n1=list(range(8)))
+    plan = w.submit(job("hi").klass("urgent").gpus(8).gang(2)).step()
+    assert plan.preemptions == []
+    assert plan.pending == {"hi": PendingReason.NO_FIT}
+
+
+def test_preempts_only_the_node_that_makes_room() -> None:
+    w = world(2)
+    w.start(job("a").klass("low").gpus(4), at=0, n0=[0, 1, 2, 3])
+    w.start(job("b").klass("low").gpus(2), at=0, n0=[4, 5])
+    w.start(job("c").klass("low").gpus(7), at=500, n1=list(range(7)))
+    plan = w.submit(job("hi").klass("high").gpus(8)).step()
+    # n0 needs a and b out (lost work 4*1000 + 2*1000); n1 needs c out (7*500): n1 wins
+    assert [p.job_id for p in plan.preemptions] == ["c"]
+
+
+def test_elastic_job_shrinks_instead_of_being_preempted() -> None:
+    w = world(1, "gang", "priority", "binpack", "elastic")
+    el = job("el").gpus(1).replicas(6).elastic(2, 8)
+    w.start(el, at=0, n0=[0], n1=[1], n2=[2], n3=[3], n4=[4], n5=[5])
+    # start() names nodes by key only: put every replica on n0
+    w.allocations = [a.__class__(a.job_id, a.task_id, "n0", a.gpus, a.cpu_milli, a.memory_mib, a.task_name,
+                                 a.role) for a in w.allocations]
+    plan = w.submit(job("hi").gpus(4)).step()
+    assert plan.preemptions == []
+    [rz] = plan.resizes
+    assert (rz.job_id, rz.reason, rz.replicas_from, rz.replicas_to) == ("el", ResizeReason.SHRINK, 6, 4)
+    assert rz.stop_task_ids == ("w-5", "w-4")
+    assert plan.pending == {"hi": PendingReason.PREEMPTING}
+
+
+def test_tiresias_preempts_the_job_with_more_attained_service() -> None:
+    w = world(1, "gang", "tiresias", "binpack")
+    w.start(job("old").gpus(8), at=0, n0=list(range(8)))  # 8 GPUs x 1000 s: queue 1
+    plan = w.submit(job("new").gpus(8)).step()
+    assert [(p.job_id, p.reason) for p in plan.preemptions] == [("old", PreemptReason.LAS)]
+
+
+def test_srtf_preempts_the_job_with_more_time_left() -> None:
+    w = world(1, "gang", ("srtf", {"preempt": True}), "binpack")
+    w.start(job("long").gpus(8).estimate(10_000), at=0, n0=list(range(8)))
+    plan = w.submit(job("short").gpus(8).estimate(100)).step()
+    assert [(p.job_id, p.reason) for p in plan.preemptions] == [("long", PreemptReason.SRTF)]
+    w2 = world(1, "gang", ("srtf", {"preempt": True}), "binpack")
+    w2.start(job("long").gpus(8).estimate(1100), at=0, n0=list(range(8)))
+    assert w2.submit(job("short").gpus(8).estimate(500)).step().preemptions == []

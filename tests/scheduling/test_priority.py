@@ -1,0 +1,84 @@
+"""Combined priority: classes, user priority, aging, starvation bound, parallelism, roles."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduling import AffinityRule, PendingReason, Scheduler
+from tests.scheduling.builders import World, bound, cluster, config, job, node
+
+
+def order(jobs, now=0.0, **prio):
+    w = World(cluster(1), Scheduler(config("gang", ("priority", prio), "binpack")), now=now)
+    return w.scheduler.order(w.submit(*jobs).snapshot())
+
+
+@pytest.mark.parametrize(
+    ("name", "jobs", "now", "args", "expected"),
+    [
+        ("class beats submit time", [job("n").submit(0), job("h").klass("high").submit(5)], 10, {},
+         ["h", "n"]),
+        ("user priority within a class", [job("a").priority(1), job("b").priority(5)], 0, {}, ["b", "a"]),
+        ("class beats user priority", [job("a").priority(1000), job("b").klass("high").priority(-1000)],
+         0, {}, ["b", "a"]),
+        ("FIFO among equals", [job("b").submit(2), job("a").submit(1)], 5, {}, ["a", "b"]),
+        ("aging lifts the old job", [job("old").submit(0), job("new").priority(100).submit(7000)], 7200,
+         {"aging_per_hour": 100.0}, ["old", "new"]),
+        ("starved low job goes first", [job("low").klass("low").submit(0), job("u").klass("urgent").submit(99)],
+         100, {"starvation_bound_s": 50.0}, ["low", "u"]),
+        ("parallelism favours the larger", [job("s").gpus(1), job("l").gpus(8)], 0,
+         {"parallelism_weight": 10.0}, ["l", "s"]),
+        ("negative parallelism favours the smaller", [job("l").gpus(8), job("s").gpus(1)], 0,
+         {"parallelism_weight": -10.0}, ["s", "l"]),
+    ],
+)
+def test_order(name, jobs, now, args, expected) -> None:
+    assert [j.job_id for j in order(jobs, now, **args)] == expected, name
+
+
+def test_starved_job_blocks_lower_work_without_backfill() -> None:
+    w = World(cluster(1), Scheduler(config("gang", ("priority", {"starvation_bound_s": 60.0}), "binpack")),
+              now=100)
+    w.start(job("r").gpus(4), n0=[0, 1, 2, 3])
+    w.submit(job("big").gpus(8).submit(0), job("small").gpus(1).submit(90))
+    plan = w.step()
+    assert plan.binds == []
+    assert plan.pending == {"big": PendingReason.NO_FIT, "small": PendingReason.PRIORITY}
+
+
+def test_parameter_servers_are_placed_before_workers() -> None:
+    j = job("ps").named("worker").gpus(2).replicas(2).task("ps").cpu(4000)
+    plan = World(cluster(1), Scheduler(config("gang", "priority"))).submit(j).step()
+    assert [b.task_id for b in plan.binds] == ["ps-0", "worker-0", "worker-1"]
+
+
+def test_workers_follow_their_parameter_server_when_affinity_is_required() -> None:
+    rule = AffinityRule("worker", "ps", "node", required=True)
+    j = (job("j").named("ps").cpu(1000).task("worker").gpus(2).replicas(3).affinity(rule))
+    w = World(cluster(4), Scheduler(config("gang", "priority", "affinity", ("binpack", {"strategy": "spread"}))))
+    plan = w.submit(j).step()
+    nodes = {b.role: set() for b in plan.binds}
+    for b in plan.binds:
+        nodes[b.role].add(b.node_id)
+    assert nodes["worker"] == nodes["ps"]
+    assert len(nodes["ps"]) == 1
+
+
+def test_worker_anti_affinity_spreads_workers() -> None:
+    rule = AffinityRule("worker", "worker", "node", anti=True, required=True)
+    w = World(cluster(3), Scheduler(config("gang", "priority", "affinity", "binpack")))
+    plan = w.submit(job("j").gpus(1).replicas(3).affinity(rule)).step()
+    assert len(set(bound(plan)["j"])) == 3
+    plan = World(cluster(2), Scheduler(config("gang", "priority", "affinity", "binpack"))).submit(
+        job("j").gpus(1).replicas(3).affinity(rule)).step()
+    assert plan.pending == {"j": PendingReason.AFFINITY}
+
+
+@pytest.mark.parametrize(("rules", "worker_node"), [((), "n0"), ((AffinityRule("worker", "ps", "rack"),), "n2")])
+def test_preferred_affinity_is_a_score_not_a_filter(rules, worker_node) -> None:
+    nodes = (node("n0").rack("r0").build(), node("n1").rack("r1").build(), node("n2").rack("r1").build())
+    w = World(nodes, Scheduler(config("gang", "priority", "affinity", "binpack")))
+    w.start(job("x").gpus(1), n0=[0])
+    # the ps fills n1; bin-packing alone puts the worker on the fuller n0, affinity by rack on n2
+    plan = w.submit(job("j").named("ps").gpus(8).task("worker").gpus(1).affinity(*rules)).step()
+    assert bound(plan)["j"] == ["n1", worker_node]

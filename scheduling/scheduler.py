@@ -239,8 +239,11 @@ class _Run:
             if reason is None:
                 continue
             self.plan.pending[info.job.job_id] = reason
-            if reason in _CAPACITY and info.starved and self.s.backfill is None:
-                stop_all = True  # a starved job holds the line: nothing lower starts
+            if reason in _CAPACITY and info.starved and not any(
+                    r.job_id == info.job.job_id for r in self.plan.reservations):
+                # A starved job without a reservation (no backfill, or no estimate tells
+                # when it could start) holds the line: nothing after it starts.
+                stop_all = True
         if self.s.elastic is not None and self.s.elastic.grow:
             self._grow()
         return self.plan

@@ -1,0 +1,230 @@
+"""Hypothesis properties of every plan: no over-commit, gangs whole, quotas held,
+starved jobs not overtaken, victims legitimate, deterministic."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import replace
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduling import (
+    GpuStats,
+    JobRequest,
+    PendingReason,
+    Plan,
+    RunningJob,
+    Scheduler,
+    SchedulerConfig,
+    Snapshot,
+    first_fit,
+)
+from tests.scheduling.builders import job, node, quota
+
+CLASSES = ["low", "normal", "high"]
+TENANTS = ["a", "b", "c"]
+
+
+@st.composite
+def jobs(draw, prefix: str, n: int) -> list[JobRequest]:
+    out = []
+    for k in range(n):
+        b = job(f"{prefix}{k}").tenant(draw(st.sampled_from(TENANTS))).klass(draw(st.sampled_from(CLASSES)))
+        b.submit(draw(st.floats(0, 900))).priority(draw(st.integers(-5, 5))).cpu(draw(st.sampled_from([0, 2000])))
+        kind = draw(st.sampled_from(["whole", "whole", "share", "gang", "ps"]))
+        if kind == "whole":
+            b.gpus(draw(st.integers(1, 8)))
+        elif kind == "share":
+            b.share(draw(st.sampled_from([0, 10_000, 40_000])), draw(st.sampled_from([10, 30, 50, 70])))
+            b.replicas(draw(st.integers(1, 3)))
+        elif kind == "gang":
+            b.gpus(draw(st.sampled_from([2, 4, 8]))).gang(draw(st.integers(2, 4)))
+            if draw(st.booleans()):
+                b.min_available(2)
+        else:
+            b.named("ps").cpu(1000).task("worker").gpus(draw(st.integers(1, 4))).replicas(draw(st.integers(1, 3)))
+        if draw(st.booleans()):
+            b.estimate(draw(st.floats(10, 5000)))
+        if draw(st.integers(0, 4)) == 0:
+            b.elastic(1, 4) if kind != "ps" else None
+        if draw(st.integers(0, 5)) == 0:
+            b.not_preemptible()
+        out.append(b.build())
+    return out
+
+
+@st.composite
+def snapshots(draw) -> Snapshot:
+    nodes = []
+    for i in range(draw(st.integers(1, 4))):
+        b = node(f"n{i}").gpus(draw(st.sampled_from([1, 2, 4, 8]))).rack(f"r{i % 2}")
+        b.cpu(draw(st.sampled_from([16_000, 64_000])))
+        if draw(st.integers(0, 4)) == 0:
+            b.unhealthy(0)
+        nodes.append(b.build())
+    nodes_t = tuple(nodes)
+    running_req = draw(jobs("r", draw(st.integers(0, 6))))
+    # running jobs are placed by plain first fit, so their allocations are valid
+    pre = first_fit(Snapshot(0.0, nodes_t, (), tuple(running_req)))
+    from scheduling import Allocation
+
+    allocs = tuple(Allocation(b.job_id, b.task_id, b.node_id, b.gpus, b.cpu_milli, b.memory_mib, b.task_name,
+                              b.role) for b in pre.binds)
+    placed = {b.job_id for b in pre.binds}
+    running = tuple(RunningJob(j, draw(st.floats(0, 900)), None, draw(st.integers(0, 6)) == 0)
+                    for j in running_req if j.job_id in placed)
+    pending = tuple(draw(jobs("p", draw(st.integers(1, 8)))))
+    quotas = ()
+    if draw(st.booleans()):
+        cohort = draw(st.sampled_from(["", "c"]))
+        quotas = tuple(quota(t, draw(st.sampled_from([2, 8, 16])), cohort,
+                             borrow=draw(st.sampled_from([None, 0, 4])), lend=draw(st.sampled_from([None, 2])))
+                       for t in TENANTS)
+    tele = {}
+    if draw(st.booleans()):
+        tele = {n.node_id: tuple(GpuStats(g.index, draw(st.floats(0, 100)), 0, draw(st.floats(30, 90)))
+                                 for g in n.gpus) for n in nodes}
+    return Snapshot(1000.0, nodes_t, allocs, pending, running, quotas, tele)
+
+
+CONFIGS = {
+    "default": SchedulerConfig(),
+    "no-backfill": SchedulerConfig.load({"plugins": [
+        {"name": "gang"}, {"name": "priority", "args": {"starvation_bound_s": 300}}, {"name": "fairshare"},
+        {"name": "topology"}, {"name": "binpack"}, {"name": "fgd"}, {"name": "elastic"}]}),
+    "starving": SchedulerConfig.load({"plugins": [
+        {"name": "gang"}, {"name": "priority", "args": {"starvation_bound_s": 300}}, {"name": "fairshare"},
+        {"name": "binpack", "args": {"strategy": "spread"}}, {"name": "backfill"}]}),
+    "tiresias": SchedulerConfig.preset("tiresias"),
+}
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def all_binds(plan: Plan):
+    return [*plan.binds, *(b for rz in plan.resizes for b in rz.binds)]
+
+
+@SETTINGS
+@given(snapshots(), st.sampled_from(sorted(CONFIGS)))
+def test_no_gpu_memory_or_compute_is_overcommitted(snap, cfg) -> None:
+    plan = Scheduler(CONFIGS[cfg]).schedule(snap)
+    nodes = {n.node_id: n for n in snap.nodes}
+    whole = defaultdict(int)
+    mem = defaultdict(int)
+    cmp_ = defaultdict(int)
+    cpu = defaultdict(int)
+    for a in [*snap.allocations, *all_binds(plan)]:
+        cpu[a.node_id] += a.cpu_milli
+        for u in a.gpus:
+            key = (a.node_id, u.index)
+            if u.whole:
+                whole[key] += 1
+            mem[key] += u.memory_mib
+            cmp_[key] += u.compute_pct
+    for b in all_binds(plan):
+        n = nodes[b.node_id]
+        assert n.schedulable
+        for u in b.gpus:
+            assert n.gpus[u.index].healthy
+    for (nid, g), c in cmp_.items():
+        slot = nodes[nid].gpus[g]
+        assert c <= 100, (nid, g)
+        assert whole[(nid, g)] == 0 or (whole[(nid, g)] == 1 and c == 100)
+        assert mem[(nid, g)] <= slot.memory_mib
+    for nid, c in cpu.items():
+        assert c <= nodes[nid].cpu_milli
+
+
+@SETTINGS
+@given(snapshots(), st.sampled_from(sorted(CONFIGS)))
+def test_gangs_are_all_or_nothing_and_every_job_is_answered(snap, cfg) -> None:
+    plan = Scheduler(CONFIGS[cfg]).schedule(snap)
+    by_job = plan.binds_by_job()
+    for j in snap.pending:
+        binds = by_job.get(j.job_id, [])
+        assert bool(binds) != (j.job_id in plan.pending)
+        if binds:
+            assert len(binds) >= j.min_members
+            ids = [b.task_id for b in binds]
+            assert len(set(ids)) == len(ids)
+            reps = {t.name: t.replicas for t in j.tasks}
+            assert all(b.replica < reps[b.task_name] and b.task_id == f"{b.task_name}-{b.replica}" for b in binds)
+
+
+@SETTINGS
+@given(snapshots())
+def test_quotas_hold_except_where_borrowing_allows(snap) -> None:
+    plan = Scheduler().schedule(snap)
+    quotas = {q.tenant: q for q in snap.quotas}
+    tenant_of = {r.job.job_id: r.job.tenant for r in snap.running} | {j.job_id: j.tenant for j in snap.pending}
+    before = defaultdict(float)
+    added = defaultdict(float)
+    for a in snap.allocations:
+        before[tenant_of[a.job_id]] += sum(1.0 if u.whole else u.compute_pct / 100 for u in a.gpus)
+    for b in all_binds(plan):
+        added[tenant_of[b.job_id]] += sum(1.0 if u.whole else u.compute_pct / 100 for u in b.gpus)
+    gone = {p.job_id for p in plan.preemptions}
+    for a in snap.allocations:
+        if a.job_id in gone:
+            before[tenant_of[a.job_id]] -= sum(1.0 if u.whole else u.compute_pct / 100 for u in a.gpus)
+    for t, add in added.items():
+        q = quotas.get(t)
+        if q is None or add == 0:
+            continue
+        after = before[t] + add
+        if not q.cohort:
+            assert after <= q.nominal.gpu + 1e-6
+            continue
+        if q.borrowing_limit is not None:
+            assert after <= q.nominal.gpu + q.borrowing_limit.gpu + 1e-6
+        lent = sum(min(o.nominal.gpu, o.lending_limit.gpu if o.lending_limit else o.nominal.gpu)
+                   for o in snap.quotas if o.cohort == q.cohort and o.tenant != t)
+        assert after <= q.nominal.gpu + lent + 1e-6
+
+
+@SETTINGS
+@given(snapshots(), st.sampled_from(["no-backfill", "starving"]))
+def test_no_starved_job_is_overtaken(snap, cfg) -> None:
+    plan = Scheduler(CONFIGS[cfg]).schedule(snap)
+    bound_jobs = set(plan.binds_by_job())
+    capacity = {PendingReason.NO_FIT, PendingReason.GANG_INCOMPLETE, PendingReason.AFFINITY}
+    bound_at = {b.job_id: b for b in plan.binds}
+    est = {j.job_id: j.runtime_estimate_s for j in snap.pending}
+    for pos, jid in enumerate(plan.order):
+        starved = snap.now - next(j for j in snap.pending if j.job_id == jid).submit_time >= 300
+        if not starved or plan.pending.get(jid) not in capacity:
+            continue
+        later = [k for k in plan.order[pos + 1:] if k in bound_jobs]
+        res = [r for r in plan.reservations if r.job_id == jid]
+        if not res:
+            assert later == []  # it holds the line
+            continue
+        for k in later:
+            on_reserved = [b for b in plan.binds if b.job_id == k and b.node_id in res[0].node_ids]
+            assert not on_reserved or (est[k] is not None and snap.now + est[k] <= res[0].start_time), k
+        assert bound_at is not None
+
+
+@SETTINGS
+@given(snapshots(), st.sampled_from(sorted(CONFIGS)))
+def test_victims_are_legitimate(snap, cfg) -> None:
+    plan = Scheduler(CONFIGS[cfg]).schedule(snap)
+    running = {r.job.job_id: r for r in snap.running}
+    for p in plan.preemptions:
+        r = running[p.job_id]
+        assert r.job.preemptible
+        assert not r.terminating
+        assert snap.now - r.start_time >= r.job.min_runtime_s
+        assert plan.pending[p.preemptor] == PendingReason.PREEMPTING
+    assert len({p.job_id for p in plan.preemptions}) == len(plan.preemptions)
+
+
+@SETTINGS
+@given(snapshots(), st.sampled_from(sorted(CONFIGS)))
+def test_the_plan_is_deterministic(snap, cfg) -> None:
+    s = Scheduler(CONFIGS[cfg])
+    first = s.schedule(snap)
+    assert s.schedule(snap) == first  # with the scheduler's caches warm
+    assert Scheduler(CONFIGS[cfg]).schedule(replace(snap, nodes=tuple(snap.nodes))) == first

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from scheduling.framework import Cycle, JobInfo, RunningInfo
 from scheduling.model import Reservation
 from scheduling.placer import Placer
-from scheduling.state import ClusterState
+from scheduling.state import BoolArray, ClusterState
 
 MAX_TRIALS = 48  # full placement trials per reservation; cheap bounds screen the rest
 
@@ -29,7 +29,7 @@ def _could_fit(st: ClusterState, info: JobInfo) -> bool:
 
 def reserve(placer: Placer, base: ClusterState, info: JobInfo, need: int,
             running: Iterable[RunningInfo], default_runtime_s: float | None,
-            gone: set[int]) -> Reservation | None:
+            gone: BoolArray) -> Reservation | None:
     cycle: Cycle = placer.cycle
     ends: list[tuple[float, str, RunningInfo]] = []
     for r in running:
@@ -38,13 +38,15 @@ def reserve(placer: Placer, base: ClusterState, info: JobInfo, need: int,
             continue
         ends.append((max(cycle.now, r.run.start_time + est), r.job.job_id, r))
     ends.sort(key=lambda e: (e[0], e[1]))
+    if not ends:
+        return None  # nothing is known to end: no start time to promise
     st = base.copy()
     allocs = cycle.snapshot.allocations
     index = cycle.table.index
     trials = 0
     for k, (end, _, r) in enumerate(ends):
         for a in r.allocs:
-            if a in gone:
+            if gone[a]:
                 continue  # already released in the base state
             i = index.get(allocs[a].node_id)
             if i is not None:

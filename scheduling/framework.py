@@ -9,7 +9,8 @@ over the nodes (``cand`` holds node indices), so a plugin never walks nodes in P
 - ``admit``: a quota / fairness gate before placement (a ``PendingReason`` refuses)
 - ``node_mask``: a static predicate per task (selectors, taints, GPU models)
 - ``task_mask`` / ``score``: per-replica predicate and score while a gang is placed
-- ``victims``: which running jobs may be preempted for a job, and why
+- ``victims``: which running jobs may be preempted for a job, and why (boolean arrays
+  over ``cycle.running``; ``cycle.runs()`` has their figures as arrays)
 - ``pick``: which GPUs of the chosen node (FGD picks the GPU for shares)
 - ``min_members``: how many replicas must start together (gang)
 """
@@ -84,6 +85,32 @@ class Placing:
     roles: list[str] = field(default_factory=list)
 
 
+class RunTable:
+    """The running jobs of a cycle as arrays (index = position in ``cycle.running``)."""
+
+    def __init__(self, cycle: Cycle) -> None:
+        runs = cycle.running
+        now = cycle.now
+        self.tenants = sorted({r.job.tenant for r in runs})
+        code = {t: k for k, t in enumerate(self.tenants)}
+        self.tenant = np.fromiter((code[r.job.tenant] for r in runs), np.int64, len(runs))
+        self.static = np.fromiter((r.static_priority for r in runs), float, len(runs))
+        self.gpus = np.fromiter((r.gpus for r in runs), float, len(runs))
+        self.start = np.fromiter((r.run.start_time for r in runs), float, len(runs))
+        self.attained = np.fromiter((r.job.attained_service_s for r in runs), float, len(runs))
+        self.estimate = np.fromiter(
+            (np.inf if r.job.runtime_estimate_s is None else r.job.runtime_estimate_s for r in runs),
+            float, len(runs))
+        self.demand = np.asarray([r.demand.as_tuple() for r in runs], dtype=float).reshape(len(runs), 3)
+        ckpt = np.fromiter((r.run.last_checkpoint_time if r.run.last_checkpoint_time is not None
+                            else -np.inf for r in runs), float, len(runs))
+        # GPU-seconds since the last checkpoint (or start): lost if stopped now
+        self.lost = self.gpus * np.maximum(0.0, now - np.maximum(self.start, ckpt))
+        self.protected = np.fromiter(
+            (r.run.terminating or not r.job.preemptible or now - r.run.start_time < r.job.min_runtime_s
+             for r in runs), bool, len(runs))
+
+
 class Cycle:
     """One scheduling cycle: snapshot, arrays, and state shared by the plugins."""
 
@@ -108,6 +135,12 @@ class Cycle:
         self.enforce_models = False
         self.gpu_penalty: FloatArray | None = None  # per GPU, from telemetry
         self.quota_book: QuotaBook | None = None
+        self._runs: RunTable | None = None
+
+    def runs(self) -> RunTable:
+        if self._runs is None:
+            self._runs = RunTable(self)
+        return self._runs
 
     def rng(self, salt: int = 0) -> np.random.Generator:
         """Seeded from config, the snapshot time and a salt: same snapshot, same draws."""
@@ -142,7 +175,8 @@ class Plugin:
     def score(self, cycle: Cycle, p: Placing, cand: IntArray) -> FloatArray | None:
         return None
 
-    def victims(self, cycle: Cycle, info: JobInfo) -> list[tuple[RunningInfo, PreemptReason]]:
+    def victims(self, cycle: Cycle, info: JobInfo) -> list[tuple[BoolArray, PreemptReason]]:
+        """Masks over ``cycle.running`` of jobs this plugin would preempt for ``info``."""
         return []
 
     def min_members(self, info: JobInfo) -> int | None:

@@ -6,63 +6,21 @@ examined; on each, victims are taken cheapest first (elastic replicas above thei
 minimum, then lower priority, then least work lost since the last checkpoint) until
 the replica fits, and the node whose set costs least wins. A job is never preempted
 for unless the whole gang then fits: otherwise everything is rolled back.
+
+``VictimIndex`` holds, once per cycle, the allocations as arrays (job, node, GPUs) so
+that finding candidate nodes for a preemptor is a handful of numpy operations.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from scheduling.framework import Cycle, JobInfo, Placing, RunningInfo
+from scheduling.framework import Cycle, JobInfo, Placing, Plugin, RunningInfo
 from scheduling.model import Allocation, Bind, GpuUse, PreemptReason
 from scheduling.placer import Placer
-from scheduling.state import BoolArray, ClusterState
-
-
-@dataclass(slots=True)
-class Unit:
-    """What can be stopped: a whole job, or one replica of an elastic job (shrink)."""
-
-    run: RunningInfo
-    allocs: list[int]
-    reason: PreemptReason
-    shrink: bool
-    lost: float
-    replica: int = -1
-    cost: tuple[object, ...] = field(default=())
-
-
-def lost_work(cycle: Cycle, r: RunningInfo) -> float:
-    """GPU-seconds since the job's last checkpoint (or start), lost if it stops now."""
-    since = r.run.start_time
-    if r.run.last_checkpoint_time is not None:
-        since = max(since, r.run.last_checkpoint_time)
-    return r.gpus * max(0.0, cycle.now - since)
-
-
-def whole_unit(cycle: Cycle, r: RunningInfo, reason: PreemptReason) -> Unit:
-    u = Unit(r, list(r.allocs), reason, False, lost_work(cycle, r))
-    u.cost = (1, r.static_priority, u.lost, r.job.job_id, 0)
-    return u
-
-
-def shrink_units(cycle: Cycle, r: RunningInfo, taken: set[int]) -> list[Unit]:
-    """The replicas of an elastic job above its minimum, highest index first."""
-    out: list[Unit] = []
-    allocs: Sequence[Allocation] = cycle.snapshot.allocations
-    for t in r.job.tasks:
-        if not t.elastic:
-            continue
-        mine = [(replica_of(allocs[a]), a) for a in r.allocs
-                if task_of(allocs[a]) == t.name and a not in taken]
-        mine.sort(reverse=True)
-        for rep, a in mine[: max(0, len(mine) - t.least_replicas)]:
-            u = Unit(r, [a], PreemptReason.SHRINK, True, 0.0, rep)
-            u.cost = (0, r.static_priority, 0.0, r.job.job_id, -rep)
-            out.append(u)
-    return out
+from scheduling.state import BoolArray, ClusterState, FloatArray, IntArray
 
 
 def task_of(a: Allocation) -> str:
@@ -74,39 +32,129 @@ def replica_of(a: Allocation) -> int:
     return int(tail) if tail.isdigit() else 0
 
 
-def release(st: ClusterState, cycle: Cycle, unit: Unit, gone: set[int]) -> list[int]:
+def alloc_gpus(a: Allocation) -> float:
+    g = 0.0
+    for u in a.gpus:
+        g += 1.0 if u.whole else (u.mig_slices / 7.0 if u.mig_slices else u.compute_pct / 100.0)
+    return g
+
+
+@dataclass(slots=True)
+class Unit:
+    """What can be stopped: a whole job, or one replica of an elastic job (shrink)."""
+
+    run: RunningInfo
+    run_index: int
+    allocs: list[int]
+    reason: PreemptReason
+    shrink: bool
+    lost: float
+    cost: tuple[object, ...]
+
+
+class VictimIndex:
+    """The cycle's allocations and running jobs as arrays, and who is already gone."""
+
+    def __init__(self, cycle: Cycle, shrink: bool) -> None:
+        self.cycle = cycle
+        allocs = cycle.snapshot.allocations
+        a_n = len(allocs)
+        index = cycle.table.index
+        self.node: IntArray = np.fromiter((index.get(a.node_id, -1) for a in allocs), np.int64, a_n)
+        self.gpu: FloatArray = np.fromiter((alloc_gpus(a) for a in allocs), float, a_n)
+        self.run: IntArray = np.full(a_n, -1, dtype=np.int64)
+        for k, r in enumerate(cycle.running):
+            self.run[r.allocs] = k
+        self.gone: BoolArray = np.zeros(a_n, dtype=bool)
+        self.taken: BoolArray = np.zeros(len(cycle.running), dtype=bool)
+        self.rt = cycle.runs()
+        # elastic replicas above their minimum, highest replica index first
+        self.excess: BoolArray = np.zeros(a_n, dtype=bool)
+        self.replica: IntArray = np.zeros(a_n, dtype=np.int64)
+        if shrink:
+            for r in cycle.running:
+                for t in r.job.tasks:
+                    if not t.elastic:
+                        continue
+                    mine = sorted(((replica_of(allocs[k]), k) for k in r.allocs
+                                   if task_of(allocs[k]) == t.name), reverse=True)
+                    for rep, k in mine[: max(0, len(mine) - t.least_replicas)]:
+                        self.excess[k] = True
+                        self.replica[k] = rep
+
+    def mark_gone(self, ks: list[int] | IntArray) -> None:
+        self.gone[ks] = True
+
+    def candidates(self, info: JobInfo, plugins: list[Plugin]) -> tuple[BoolArray, BoolArray, list[PreemptReason]]:
+        """Allocations that may be stopped for ``info`` (whole jobs, and shrinkable replicas)
+        and the reason of each running job."""
+        n_run = len(self.cycle.running)
+        elig = np.zeros(n_run, dtype=bool)
+        reason_of = np.full(n_run, -1, dtype=np.int64)
+        reasons: list[PreemptReason] = []
+        for p in plugins:
+            for mask, why in p.victims(self.cycle, info):
+                new = mask & ~elig
+                reason_of[new] = len(reasons)
+                reasons.append(why)
+                elig |= mask
+        elig &= ~self.rt.protected & ~self.taken
+        has_run = self.run >= 0
+        run = np.where(has_run, self.run, 0)
+        whole = has_run & elig[run] & ~self.gone
+        shrink = (self.excess & ~self.gone & has_run & ~self.rt.protected[run] & ~self.taken[run]
+                  & (self.rt.static[run] <= info.static_priority))
+        self._reason_of = reason_of
+        self._reasons = reasons
+        return whole, shrink, [reasons[k] if k >= 0 else PreemptReason.PRIORITY for k in reason_of.tolist()]
+
+    def units_on(self, i: int, whole: BoolArray, shrink: BoolArray) -> list[Unit]:
+        """Victim units with an allocation on node ``i``, cheapest first."""
+        cycle, rt = self.cycle, self.rt
+        out: list[Unit] = []
+        seen: set[int] = set()
+        for k in np.flatnonzero((self.node == i) & (whole | shrink)).tolist():
+            ri = int(self.run[k])
+            r = cycle.running[ri]
+            if shrink[k]:
+                out.append(Unit(r, ri, [k], PreemptReason.SHRINK, True, 0.0,
+                                (0, float(rt.static[ri]), 0.0, r.job.job_id, -int(self.replica[k]))))
+            elif ri not in seen:
+                seen.add(ri)
+                live = [a for a in r.allocs if not self.gone[a]]
+                why = self._reasons[int(self._reason_of[ri])]
+                out.append(Unit(r, ri, live, why, False, float(rt.lost[ri]),
+                                (1, float(rt.static[ri]), float(rt.lost[ri]), r.job.job_id, 0)))
+        out.sort(key=lambda u: u.cost)
+        return out
+
+
+def release(st: ClusterState, cycle: Cycle, unit: Unit, gone: BoolArray) -> list[int]:
     """Give back the unit's allocations not already gone; returns those it released."""
     index = cycle.table.index
     allocs = cycle.snapshot.allocations
     out = []
     for k in unit.allocs:
-        if k in gone:
+        if gone[k]:
             continue
         a = allocs[k]
         i = index.get(a.node_id)
         if i is not None:
             st.release(i, a.cpu_milli, a.memory_mib, a.gpus)
-        gone.add(k)
+        gone[k] = True
         out.append(k)
     return out
 
 
-def preempt_for(placer: Placer, st: ClusterState, info: JobInfo, units: list[Unit],
+def preempt_for(placer: Placer, st: ClusterState, info: JobInfo, vix: VictimIndex, plugins: list[Plugin],
                 block: BoolArray | None, need: int, candidate_nodes: int
                 ) -> tuple[list[Unit], list[Bind]] | None:
     """Victims and the binds (on ``st``) that place ``info``; None, untouched, if none do."""
     cycle = placer.cycle
-    index = cycle.table.index
-    allocs = cycle.snapshot.allocations
-    on_node: dict[int, list[Unit]] = {}
-    for u in sorted(units, key=lambda u: u.cost):
-        seen: set[int] = set()
-        for k in u.allocs:
-            i = index.get(allocs[k].node_id)
-            if i is not None and i not in seen:
-                seen.add(i)
-                on_node.setdefault(i, []).append(u)
-    gone: set[int] = set()  # allocation indices released so far
+    whole, shrink, _ = vix.candidates(info, plugins)
+    if not (whole.any() or shrink.any()):
+        return None
+    gone = vix.gone.copy()  # released within this attempt; adopted only on success
     chosen: list[Unit] = []
     mark = st.mark()
     binds: list[Bind] = []
@@ -123,7 +171,8 @@ def preempt_for(placer: Placer, st: ClusterState, info: JobInfo, units: list[Uni
             p.remaining = remaining
             res = placer.choose(p, base)
             if res is None:
-                res = _with_victims(placer, p, base, on_node, gone, chosen, candidate_nodes)
+                res = _with_victims(placer, p, base, vix, whole & ~gone, shrink & ~gone, gone, chosen,
+                                    candidate_nodes)
             if res is None:
                 if strict:
                     st.rollback(mark)
@@ -141,44 +190,53 @@ def preempt_for(placer: Placer, st: ClusterState, info: JobInfo, units: list[Uni
         st.rollback(mark)
         return None
     st.commit(mark)
+    vix.gone[:] = gone
+    for u in chosen:
+        if not u.shrink:
+            vix.taken[u.run_index] = True
     return chosen, binds
 
 
-def _live(u: Unit, gone: set[int]) -> bool:
-    return any(k not in gone for k in u.allocs)
-
-
-def _with_victims(placer: Placer, p: Placing, base: BoolArray, on_node: dict[int, list[Unit]],
-                  gone: set[int], chosen: list[Unit], candidate_nodes: int
+def _with_victims(placer: Placer, p: Placing, base: BoolArray, vix: VictimIndex, whole: BoolArray,
+                  shrink: BoolArray, gone: BoolArray, chosen: list[Unit], candidate_nodes: int
                   ) -> tuple[int, tuple[GpuUse, ...]] | None:
-    st = p.state
-    # nodes that could hold the replica once their victims left, cheapest victims first
-    opts = [i for i, us in on_node.items() if base[i] and any(_live(u, gone) for u in us)]
-    if not opts:
+    st, t, tbl = p.state, p.task, placer.table
+    ok = whole | shrink
+    if not ok.any():
         return None
-    opts.sort(key=lambda i: (min(u.cost for u in on_node[i] if _live(u, gone)), i))
+    nodes = vix.node[ok]
+    # an upper bound: what the node would have free if every candidate there stopped
+    free_gpu = st.cmp_sum / 100.0 + np.bincount(nodes, weights=vix.gpu[ok], minlength=tbl.n)
+    has = np.zeros(tbl.n, dtype=bool)
+    has[nodes] = True
+    cand = np.flatnonzero(has & base & (free_gpu >= t.gpu_amount - 1e-9))
+    if cand.size == 0:
+        return None
+    # cheapest first: the lowest-priority victim on the node (a shrink counts lowest)
+    cost = np.where(shrink[ok], -np.inf, vix.rt.static[vix.run[ok]])
+    low = np.full(tbl.n, np.inf)
+    np.minimum.at(low, nodes, cost)
+    cand = cand[np.lexsort((cand, -st.cmp_sum[cand], low[cand]))][:candidate_nodes]
     best: tuple[tuple[object, ...], int, list[Unit]] | None = None
-    for i in opts[:candidate_nodes]:
+    for i in cand.tolist():
         m = st.mark()
         used: list[Unit] = []
         trial: list[int] = []
-        ok = False
-        for u in on_node[i]:
-            if not _live(u, gone):
-                continue
+        fits = False
+        for u in vix.units_on(i, whole & ~gone, shrink & ~gone):
             trial += release(st, placer.cycle, u, gone)
             used.append(u)
             if _fits(placer, p, i):
-                ok = True
+                fits = True
                 break
         st.rollback(m)
-        gone.difference_update(trial)
-        if ok:
-            whole = [u for u in used if not u.shrink]
-            cost = (bool(whole), max((u.run.static_priority for u in whole), default=-np.inf),
-                    sum(u.lost for u in used), len(used), i)
-            if best is None or cost < best[0]:
-                best = (cost, i, used)
+        gone[trial] = False
+        if fits:
+            stops = [u for u in used if not u.shrink]
+            key = (bool(stops), max((u.run.static_priority for u in stops), default=-np.inf),
+                   sum(u.lost for u in used), len(used), i)
+            if best is None or key < best[0]:
+                best = (key, i, used)
     if best is None:
         return None
     _, i, used = best

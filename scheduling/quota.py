@@ -16,10 +16,7 @@ from dataclasses import dataclass
 from scheduling.model import PendingReason, Quota, Resources
 
 _EPS = 1e-9
-
-
-def _pairs(r: Resources) -> tuple[float, float, float]:
-    return r.as_tuple()
+_Vec = tuple[float, float, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,54 +27,69 @@ class Admission:
     detail: str = ""
 
 
+_ADMIT = Admission(True)
+
+
 class QuotaBook:
-    """Usage per tenant against quotas; ``add`` as jobs are admitted or placed."""
+    """Usage per tenant against quotas; ``add`` as jobs are admitted or placed.
+
+    Kept as plain float lists: the scheduler asks it once per pending job per cycle.
+    """
 
     def __init__(self, quotas: Iterable[Quota], usage: Mapping[str, Resources] | None = None) -> None:
         self.quotas = {q.tenant: q for q in quotas}
-        self.usage: dict[str, Resources] = dict(usage or {})
+        self._use: dict[str, list[float]] = {t: list(r.as_tuple()) for t, r in (usage or {}).items()}
+        self._nom: dict[str, _Vec] = {t: q.nominal.as_tuple() for t, q in self.quotas.items()}
+        self._lend: dict[str, _Vec] = {}
+        for t, q in self.quotas.items():
+            nom = self._nom[t]
+            if q.lending_limit is None:
+                self._lend[t] = nom
+            else:
+                ll = q.lending_limit.as_tuple()
+                self._lend[t] = (min(nom[0], ll[0]), min(nom[1], ll[1]), min(nom[2], ll[2]))
         self.cohorts: dict[str, list[str]] = {}
         for q in self.quotas.values():
             if q.cohort:
                 self.cohorts.setdefault(q.cohort, []).append(q.tenant)
 
     def used(self, tenant: str) -> Resources:
-        return self.usage.get(tenant, Resources())
+        u = self._use.get(tenant)
+        return Resources(*u) if u else Resources()
 
     def add(self, tenant: str, demand: Resources, sign: int = 1) -> None:
-        u = self.used(tenant)
-        self.usage[tenant] = u + demand if sign > 0 else u - demand
-
-    @staticmethod
-    def _lendable(q: Quota) -> tuple[float, float, float]:
-        nom = _pairs(q.nominal)
-        if q.lending_limit is None:
-            return nom
-        return tuple(min(n, ll) for n, ll in zip(nom, _pairs(q.lending_limit), strict=True))  # type: ignore[return-value]
+        u = self._use.setdefault(tenant, [0.0, 0.0, 0.0])
+        u[0] += sign * demand.gpu
+        u[1] += sign * demand.cpu_milli
+        u[2] += sign * demand.memory_mib
 
     def within_nominal(self, tenant: str, demand: Resources) -> bool:
-        q = self.quotas.get(tenant)
-        if q is None:
+        nom = self._nom.get(tenant)
+        if nom is None:
             return True
-        after = self.used(tenant) + demand
-        return all(a <= n + _EPS for a, n in zip(_pairs(after), _pairs(q.nominal), strict=True))
+        u = self._use.get(tenant) or (0.0, 0.0, 0.0)
+        return (u[0] + demand.gpu <= nom[0] + _EPS and u[1] + demand.cpu_milli <= nom[1] + _EPS
+                and u[2] + demand.memory_mib <= nom[2] + _EPS)
 
     def borrowing(self, tenant: str) -> bool:
         """Uses more than its nominal quota of some resource."""
-        q = self.quotas.get(tenant)
-        if q is None:
+        nom = self._nom.get(tenant)
+        u = self._use.get(tenant)
+        if nom is None or u is None:
             return False
-        return any(u > n + _EPS for u, n in zip(_pairs(self.used(tenant)), _pairs(q.nominal), strict=True))
+        return u[0] > nom[0] + _EPS or u[1] > nom[1] + _EPS or u[2] > nom[2] + _EPS
 
     def check(self, tenant: str, demand: Resources) -> Admission:
         q = self.quotas.get(tenant)
         if q is None or self.within_nominal(tenant, demand):
-            return Admission(True)
+            return _ADMIT
         if not q.cohort:
             return Admission(False, reason=PendingReason.QUOTA, detail="over nominal quota, no cohort")
-        after = _pairs(self.used(tenant) + demand)
-        nom = _pairs(q.nominal)
-        blim = None if q.borrowing_limit is None else _pairs(q.borrowing_limit)
+        u = self._use.get(tenant) or [0.0, 0.0, 0.0]
+        d = demand.as_tuple()
+        after = (u[0] + d[0], u[1] + d[1], u[2] + d[2])
+        nom = self._nom[tenant]
+        blim = None if q.borrowing_limit is None else q.borrowing_limit.as_tuple()
         members = self.cohorts[q.cohort]
         for r in range(3):
             if after[r] <= nom[r] + _EPS:
@@ -87,10 +99,10 @@ class QuotaBook:
             pool = 0.0
             drawn = 0.0
             for m in members:
-                mq = self.quotas[m]
-                lend = self._lendable(mq)[r]
-                guaranteed = _pairs(mq.nominal)[r] - lend
-                use = after[r] if m == tenant else _pairs(self.used(m))[r]
+                lend = self._lend[m][r]
+                guaranteed = self._nom[m][r] - lend
+                mu = self._use.get(m)
+                use = after[r] if m == tenant else (mu[r] if mu else 0.0)
                 pool += lend
                 drawn += max(0.0, use - guaranteed)
             if drawn > pool + _EPS:
@@ -100,5 +112,5 @@ class QuotaBook:
 
 def dominant_share(usage: Resources, capacity: Resources, weight: float = 1.0) -> float:
     """DRF: the largest fraction of any cluster resource the tenant holds, over its weight."""
-    shares = [u / c for u, c in zip(_pairs(usage), _pairs(capacity), strict=True) if c > 0]
+    shares = [u / c for u, c in zip(usage.as_tuple(), capacity.as_tuple(), strict=True) if c > 0]
     return (max(shares) if shares else 0.0) / (weight or 1.0)

@@ -28,7 +28,6 @@ from scheduling.model import (
     PendingReason,
     Plan,
     Preemption,
-    PreemptReason,
     Resize,
     ResizeReason,
     Resources,
@@ -36,20 +35,13 @@ from scheduling.model import (
 )
 from scheduling.placer import Placer
 from scheduling.plugins.special import BackfillArgs, ElasticArgs
-from scheduling.preempt import Unit, preempt_for, replica_of, shrink_units, task_of, whole_unit
+from scheduling.preempt import Unit, VictimIndex, alloc_gpus, preempt_for, replica_of, task_of
 from scheduling.quota import Admission, QuotaBook
 from scheduling.state import BoolArray, ClusterState, NodeTable
 
 HOOKS = ("order_keys", "admit", "node_mask", "task_mask", "score", "victims", "min_members", "pick")
 _CAPACITY = (PendingReason.NO_FIT, PendingReason.GANG_INCOMPLETE, PendingReason.AFFINITY,
              PendingReason.GPU_MODEL)
-
-
-def _alloc_gpus(a: Allocation) -> float:
-    g = 0.0
-    for u in a.gpus:
-        g += 1.0 if u.whole else (u.mig_slices / 7.0 if u.mig_slices else u.compute_pct / 100.0)
-    return g
 
 
 def _demand(binds: Sequence[Bind]) -> Resources:
@@ -85,7 +77,10 @@ class Scheduler:
         el = self.by_name.get("elastic")
         self.elastic: ElasticArgs | None = el.args if el is not None else None  # type: ignore[assignment]
         self._table: NodeTable | None = None
+        self._base: tuple[NodeTable, dict[int, Allocation], ClusterState] | None = None
         self._infos: dict[int, tuple[JobRequest, JobInfo]] = {}
+        self._shapes: dict[tuple[object, ...], int] = {}
+        self._statics: dict[int, tuple[JobRequest, float]] = {}  # job shapes, interned for the fit memo
 
     # --- public API --------------------------------------------------------------------
     def schedule(self, snapshot: Snapshot) -> Plan:
@@ -119,8 +114,7 @@ class Scheduler:
         # Kept while the nodes tuple is the same object: pass a new tuple on any change.
         if table is None or table.src is not snapshot.nodes:
             table = self._table = NodeTable(snapshot.nodes)
-        state = ClusterState(table)
-        state.apply(snapshot.allocations)
+        state = self._state(table, snapshot.allocations)
         cycle = Cycle(snapshot, table, state, self.config.seed)
         for p in self.plugins:
             if p.name == "priority":
@@ -129,14 +123,18 @@ class Scheduler:
         cycle.capacity = Resources(float(usable.sum()), float(table.cpu_total[table.schedulable].sum()),
                                    float(table.mem_total[table.schedulable].sum()))
         run_by_id: dict[str, RunningInfo] = {}
+        statics, self._statics = self._statics, {}
         for r in snapshot.running:
-            run_by_id[r.job.job_id] = RunningInfo(r, static_priority=cycle.priority_of(r.job))
+            hit = statics.get(id(r.job))
+            sp = hit[1] if hit is not None and hit[0] is r.job else cycle.priority_of(r.job)
+            self._statics[id(r.job)] = (r.job, sp)
+            run_by_id[r.job.job_id] = RunningInfo(r, static_priority=sp)
         usage: dict[str, list[float]] = {}
         for k, a in enumerate(snapshot.allocations):
             ri = run_by_id.get(a.job_id)
             if ri is None:
                 continue
-            g = _alloc_gpus(a)
+            g = alloc_gpus(a)
             ri.allocs.append(k)
             ri.gpus += g
             u = usage.setdefault(ri.job.tenant, [0.0, 0.0, 0.0])
@@ -155,6 +153,22 @@ class Scheduler:
             if p.name != "priority":
                 p.open(cycle)
         return cycle
+
+    def _state(self, table: NodeTable, allocations: Sequence[Allocation]) -> ClusterState:
+        """Free capacity after the allocations: the last cycle's, adjusted by the
+        allocations that came and went (same integers as a full rebuild, far cheaper)."""
+        now = {id(a): a for a in allocations}
+        base = self._base
+        if base is not None and base[0] is table:
+            before = base[1]
+            state = base[2].copy()
+            state.apply([a for k, a in before.items() if k not in now], sign=-1)
+            state.apply([a for k, a in now.items() if k not in before])
+        else:
+            state = ClusterState(table)
+            state.apply(allocations)
+        self._base = (table, now, state.copy())  # keeps the objects alive, so ids stay unique
+        return state
 
     def _job_infos(self, cycle: Cycle) -> list[JobInfo]:
         """Per-job derived data, kept across cycles while the job object is the same."""
@@ -177,13 +191,14 @@ class Scheduler:
                 )
                 for g in gang:
                     info.min_members = g.min_members(info) or info.min_members
-                info.shape = (
+                shape = (
                     tuple((t.gpu, t.gpu_memory_mib, t.gpu_compute_pct, t.mig_slices, t.cpu_milli,
                            t.memory_mib, t.replicas, t.role) for t in tasks),
                     info.min_members, job.gpu_models, tuple(sorted(job.node_selector.items())),
                     job.tolerations, job.affinity)
+                info.shape = (self._shapes.setdefault(shape, len(self._shapes)),)
+                info.static_priority = cycle.priority_of(job)
             new[id(job)] = (job, info)
-            info.static_priority = cycle.priority_of(job)
             info.priority = info.static_priority
             info.starved = False
             est = job.runtime_estimate_s
@@ -221,9 +236,12 @@ class _Run:
         self.soft: BoolArray = np.zeros(n, dtype=bool)  # reserved for blocked head jobs
         self.shadow = np.inf  # earliest reserved start
         self.future: ClusterState | None = None
-        self.gone: set[int] = set()  # allocation indices released in the future state
+        # allocations released in the future state (stopping, preempted, shrunk)
+        self.gone: BoolArray = np.zeros(len(cycle.snapshot.allocations), dtype=bool)
+        self.vix: VictimIndex | None = None
         self.victims: set[str] = set()
         self.failed: dict[tuple[object, ...], PendingReason] = {}
+        self.reserve_tries = 0
         self.preempt_budget = sched.config.preemption.max_preemptors_per_cycle if (
             sched.config.preemption.enabled) else 0
 
@@ -275,7 +293,8 @@ class _Run:
         if reason in _CAPACITY:
             if self.preempt_budget > 0 and self._preempt(info, block):
                 return PendingReason.PREEMPTING
-            if self.s.backfill is not None and len(self.plan.reservations) < self.s.backfill.depth:
+            if self.s.backfill is not None and self.reserve_tries < self.s.backfill.depth:
+                self.reserve_tries += 1  # EASY: only the head job(s), found or not
                 self._reserve(info)
         return reason
 
@@ -326,34 +345,11 @@ class _Run:
                 if r.run.terminating:
                     for k in r.allocs:
                         a = allocs[k]
-                        if k not in self.gone and a.node_id in idx:
+                        if not self.gone[k] and a.node_id in idx:
                             f.release(idx[a.node_id], a.cpu_milli, a.memory_mib, a.gpus)
-                        self.gone.add(k)
+                        self.gone[k] = True
             self.future = f
         return self.future
-
-    def _units(self, info: JobInfo) -> list[Unit]:
-        cycle = self.cycle
-        reasons: dict[str, tuple[RunningInfo, PreemptReason]] = {}
-        for p in self.s.hooks["victims"]:
-            for r, why in p.victims(cycle, info):
-                reasons.setdefault(r.job.job_id, (r, why))
-        units = []
-        for r, why in reasons.values():
-            if self._protected(r):
-                continue
-            units.append(whole_unit(cycle, r, why))
-        if self.s.elastic is not None and self.s.elastic.shrink:
-            for r in cycle.running:
-                if (not self._protected(r) and r.static_priority <= info.static_priority
-                        and any(t.elastic for t in r.job.tasks)):
-                    units += shrink_units(cycle, r, self.gone)
-        return units
-
-    def _protected(self, r: RunningInfo) -> bool:
-        job = r.job
-        return (r.run.terminating or job.job_id in self.victims or not job.preemptible
-                or self.cycle.now - r.run.start_time < job.min_runtime_s)
 
     def _preempt(self, info: JobInfo, block: BoolArray | None) -> bool:
         self.preempt_budget -= 1
@@ -361,11 +357,12 @@ class _Run:
         # already room once the terminating jobs are gone: claim it, preempt no one more
         binds, _ = self.placer.place_job(fut, info, block, info.min_members)
         if binds is None:
-            units = self._units(info)
-            if not units:
-                return False
-            res = preempt_for(self.placer, fut, info, units, block, info.min_members,
-                              self.s.config.preemption.candidate_nodes)
+            if self.vix is None:
+                shrink = self.s.elastic is not None and self.s.elastic.shrink
+                self.vix = VictimIndex(self.cycle, shrink)
+                self.vix.gone = self.gone
+            res = preempt_for(self.placer, fut, info, self.vix, self.s.hooks["victims"], block,
+                              info.min_members, self.s.config.preemption.candidate_nodes)
             if res is None:
                 return False
             chosen, binds = res
@@ -377,15 +374,14 @@ class _Run:
 
     def _emit(self, info: JobInfo, chosen: list[Unit]) -> None:
         allocs = self.cycle.snapshot.allocations
-        whole = {u.run.job.job_id for u in chosen if not u.shrink}
+        stopped = {u.run.job.job_id for u in chosen if not u.shrink}
         shrinks: dict[tuple[str, str], list[Unit]] = {}
         for u in chosen:
             jid = u.run.job.job_id
-            if u.shrink and jid not in whole:
+            if u.shrink and jid not in stopped:
                 shrinks.setdefault((jid, task_of(allocs[u.allocs[0]])), []).append(u)
             elif not u.shrink:
                 self.victims.add(jid)
-                self.gone.update(u.run.allocs)
                 self.plan.preemptions.append(Preemption(
                     jid, u.reason, info.job.job_id, u.run.job.checkpoint_grace_s,
                     tuple(allocs[k].task_id for k in u.run.allocs),
@@ -393,12 +389,11 @@ class _Run:
                 self._account(u.run.job.tenant, u.run.demand, -1)
         for (jid, tname), us in shrinks.items():
             r = us[0].run
-            current = sum(1 for k in r.allocs if task_of(allocs[k]) == tname and k not in self.gone)
             stop = tuple(allocs[u.allocs[0]].task_id for u in us)
+            current = len(us) + sum(1 for k in r.allocs if task_of(allocs[k]) == tname and not self.gone[k])
             for u in us:
-                self.gone.update(u.allocs)
                 a = allocs[u.allocs[0]]
-                self._account(r.job.tenant, Resources(_alloc_gpus(a), a.cpu_milli, a.memory_mib), -1)
+                self._account(r.job.tenant, Resources(alloc_gpus(a), a.cpu_milli, a.memory_mib), -1)
             self.plan.resizes.append(Resize(jid, tname, current, current - len(us), ResizeReason.SHRINK,
                                             stop_task_ids=stop, for_job=info.job.job_id,
                                             grace_period_s=r.job.checkpoint_grace_s))
@@ -439,7 +434,7 @@ class _Run:
                 if not t.elastic:
                     continue
                 have = sorted(replica_of(allocs[k]) for k in r.allocs
-                              if task_of(allocs[k]) == t.name and k not in self.gone)
+                              if task_of(allocs[k]) == t.name and not self.gone[k])
                 want = t.most_replicas - len(have)
                 if want <= 0:
                     continue

@@ -67,6 +67,10 @@ class NodeTable:
         self.share_ok = self.exists & self.healthy & (self.mig_total == 0)
         self.mig_ok = self.exists & self.healthy & (self.mig_total > 0)
         self.gpu_count = self.share_ok.sum(axis=1).astype(np.int64)
+        # NVLink domains as one-hot columns, for "idle GPUs inside one domain" per node
+        self.domains = sorted(set(self.nvlink[self.exists].tolist())) or [0]
+        self.multi_domain = bool(
+            (self.nvlink.max(axis=1, initial=0) != self.nvlink.min(axis=1, initial=0)).any())
         self.mask_cache: dict[object, BoolArray] = {}
 
     def models_mask(self, allowed: tuple[str, ...]) -> BoolArray:
@@ -101,18 +105,21 @@ class ClusterState:
         self.gcmp_free = np.where(t.share_ok, 100, 0).astype(np.int64)
         self.mig_free = np.where(t.mig_ok, t.mig_total, 0)
         self.idle = t.gpu_count.copy()  # whole GPUs wholly free
+        self.dom_idle = t.gpu_count.copy()  # most wholly free GPUs inside one NVLink domain
         self.cmp_sum = self.gcmp_free.sum(axis=1)  # free compute percent over the node
         self.stamp = np.zeros(t.n, dtype=np.int64)  # bumped on every change of a node
         self.log: list[_Change] = []
         self.tracking = False
         self.depth = 0
         self.cache: dict[str, Any] = {}  # per-state scratch of plugins (FGD's state ids)
+        if t.multi_domain:
+            self.refresh()
 
     def copy(self) -> ClusterState:
         c = ClusterState.__new__(ClusterState)
         c.t = self.t
         for name in ("cpu_free", "mem_free", "gmem_free", "gcmp_free", "mig_free", "idle",
-                     "cmp_sum", "stamp"):
+                     "dom_idle", "cmp_sum", "stamp"):
             setattr(c, name, getattr(self, name).copy())
         c.log = []
         c.tracking = False
@@ -177,6 +184,11 @@ class ClusterState:
         sl = slice(None) if rows is None else rows
         whole = (self.gcmp_free[sl] >= 100) & (self.gmem_free[sl] >= t.gmem_total[sl]) & t.share_ok[sl]
         self.idle[sl] = whole.sum(axis=1)
+        if t.multi_domain:
+            dom = t.nvlink[sl]
+            self.dom_idle[sl] = np.max([(whole & (dom == d)).sum(axis=1) for d in t.domains], axis=0)
+        else:
+            self.dom_idle[sl] = self.idle[sl]
         self.cmp_sum[sl] = self.gcmp_free[sl].sum(axis=1)
         self.stamp[sl] += 1
 
@@ -198,7 +210,13 @@ class ClusterState:
                 self.gcmp_free[i, j] -= sign * u.compute_pct
         if uses:
             gm, gc, tot, ok = self.gmem_free[i], self.gcmp_free[i], t.gmem_total[i], t.share_ok[i]
-            self.idle[i] = int(((gc >= 100) & (gm >= tot) & ok).sum())
+            whole = (gc >= 100) & (gm >= tot) & ok
+            self.idle[i] = n_idle = int(whole.sum())
+            if t.multi_domain:
+                dom = t.nvlink[i]
+                self.dom_idle[i] = max(int((whole & (dom == d)).sum()) for d in t.domains)
+            else:
+                self.dom_idle[i] = n_idle
             self.cmp_sum[i] = int(gc.sum())
         self.stamp[i] += 1
         if self.tracking:

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from scheduling.framework import Cycle, JobInfo, Plugin, RunningInfo, register
+from scheduling.framework import Cycle, JobInfo, Plugin, register
 from scheduling.model import PendingReason, PreemptReason, Resources
 from scheduling.quota import QuotaBook, dominant_share
-from scheduling.state import FloatArray
+from scheduling.state import BoolArray, FloatArray
 
 
 class FairShareArgs(BaseModel):
@@ -42,16 +42,27 @@ class FairShare(Plugin):
         return dominant_share(usage, cycle.capacity, self.weight_of.get(tenant, 1.0))
 
     def order_keys(self, cycle: Cycle, jobs: Sequence[JobInfo]) -> list[FloatArray]:
-        out = np.zeros(len(jobs))
-        by_tenant: dict[str, list[int]] = {}
-        for k, info in enumerate(jobs):
-            by_tenant.setdefault(info.job.tenant, []).append(k)
-        for tenant, ks in by_tenant.items():
-            ks.sort(key=lambda k: (-jobs[k].priority, jobs[k].job.submit_time, k))
-            u = cycle.usage.get(tenant, Resources())
-            for k in ks:
-                u = u + jobs[k].demand
-                out[k] = self.share(cycle, tenant, u)
+        n = len(jobs)
+        names = sorted({i.job.tenant for i in jobs})
+        code = {t: k for k, t in enumerate(names)}
+        tenant = np.fromiter((code[i.job.tenant] for i in jobs), np.int64, n)
+        prio = np.fromiter((i.priority for i in jobs), float, n)
+        submit = np.fromiter((i.job.submit_time for i in jobs), float, n)
+        demand = np.asarray([i.demand.as_tuple() for i in jobs], dtype=float).reshape(n, 3)
+        # within a tenant: by priority, then FIFO; cumulative demand, reset per tenant
+        order = np.lexsort((np.arange(n), submit, -prio, tenant))
+        cum = np.cumsum(demand[order], axis=0)
+        t_sorted = tenant[order]
+        starts = np.flatnonzero(np.r_[True, t_sorted[1:] != t_sorted[:-1]])
+        group_start = np.repeat(starts, np.diff(np.r_[starts, n]))
+        offset = np.where(group_start[:, None] > 0, cum[group_start - 1], 0.0)
+        used = np.asarray([cycle.usage.get(t, Resources()).as_tuple() for t in names], dtype=float)
+        weight = np.asarray([self.weight_of.get(t, 1.0) or 1.0 for t in names])
+        cap = np.asarray(cycle.capacity.as_tuple())
+        after = used[t_sorted] + cum - offset
+        share = np.max(np.where(cap > 0, after / np.where(cap > 0, cap, 1.0), 0.0), axis=1) / weight[t_sorted]
+        out = np.empty(n)
+        out[order] = share
         return [out]
 
     def admit(self, cycle: Cycle, info: JobInfo) -> PendingReason | None:
@@ -60,23 +71,28 @@ class FairShare(Plugin):
             return None
         return book.check(info.job.tenant, info.demand).reason
 
-    def victims(self, cycle: Cycle, info: JobInfo) -> list[tuple[RunningInfo, PreemptReason]]:
-        out: list[tuple[RunningInfo, PreemptReason]] = []
+    def victims(self, cycle: Cycle, info: JobInfo) -> list[tuple[BoolArray, PreemptReason]]:
+        out: list[tuple[BoolArray, PreemptReason]] = []
+        if not cycle.running:
+            return out
+        rt = cycle.runs()
         book = cycle.quota_book
         me = info.job.tenant
         if self.args.reclaim and book is not None and me in book.quotas and book.within_nominal(me, info.demand):
             cohort = book.quotas[me].cohort
-            for r in cycle.running:
-                t = r.job.tenant
-                q = book.quotas.get(t)
-                if t != me and q is not None and q.cohort == cohort and cohort and book.borrowing(t):
-                    out.append((r, PreemptReason.RECLAIM))
+            flags = np.asarray([t != me and cohort != "" and t in book.quotas
+                                and book.quotas[t].cohort == cohort and book.borrowing(t)
+                                for t in rt.tenants], dtype=bool)
+            out.append((flags[rt.tenant], PreemptReason.RECLAIM))
         if self.args.drf_preempt:
             mine = self.share(cycle, me, cycle.usage.get(me, Resources()) + info.demand)
-            for r in cycle.running:
-                t = r.job.tenant
-                if t != me and self.share(cycle, t, cycle.usage.get(t, Resources()) - r.demand) > mine:
-                    out.append((r, PreemptReason.FAIR_SHARE))
+            used = np.asarray([cycle.usage.get(t, Resources()).as_tuple() for t in rt.tenants], dtype=float)
+            weight = np.asarray([self.weight_of.get(t, 1.0) or 1.0 for t in rt.tenants])
+            cap = np.asarray(cycle.capacity.as_tuple())
+            after = (used[rt.tenant] - rt.demand) / np.where(cap > 0, cap, np.inf)
+            share = after.max(axis=1) / weight[rt.tenant]
+            others = np.asarray([t != me for t in rt.tenants], dtype=bool)[rt.tenant]
+            out.append((others & (share > mine), PreemptReason.FAIR_SHARE))
         return out
 
 

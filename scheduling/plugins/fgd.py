@@ -112,6 +112,7 @@ class Fgd(Plugin):
         self.keys: dict[_Key, int] = {}
         self.key_list: list[_Key] = []
         self.frag_memo: dict[int, float] = {}
+        self.canon_memo: dict[tuple[object, ...], float] = {}
         self.delta: dict[tuple[object, ...], FloatArray] = {}
         self.choice: dict[tuple[int, tuple[object, ...]], int] = {}
         self.classes: IntArray | None = None
@@ -165,13 +166,15 @@ class Fgd(Plugin):
     def frag(self, k: int) -> float:
         f = self.frag_memo.get(k)
         if f is None:
-            f = self.frag_memo[k] = self._frag(self.key_list[k])
+            cls, cpu, mem, gm, gc = self.key_list[k]
+            models, total_mem, ok = self.class_list[cls]
+            # F does not depend on the order of the GPUs: share the value across permutations
+            canon = (cpu, mem, tuple(sorted(zip(models, total_mem, ok, gm, gc, strict=True))))
+            f = self.canon_memo.get(canon)
+            if f is None:
+                f = self.canon_memo[canon] = fragmentation(gm, gc, total_mem, ok, models, cpu, mem, self.mix)
+            self.frag_memo[k] = f
         return f
-
-    def _frag(self, key: _Key) -> float:
-        cls, cpu, mem, gm, gc = key
-        models, total_mem, ok = self.class_list[cls]
-        return fragmentation(gm, gc, total_mem, ok, models, cpu, mem, self.mix)
 
     def _delta(self, k: int, t: TaskRequest, allowed: frozenset[int] | None) -> tuple[float, int]:
         """Least increase of F over the GPU choices for ``t`` on state ``k``; and that GPU."""
@@ -189,9 +192,14 @@ class Fgd(Plugin):
                 gm2[j], gc2[j] = 0, 0
             return self.frag(self._intern((cls, cpu2, mem2, tuple(gm2), tuple(gc2)))) - before, -1
         best, col = np.inf, -1
+        seen = set()
         for j in cols:
             if gm[j] < t.gpu_memory_mib or gc[j] < t.gpu_compute_pct:
                 continue
+            same = (gm[j], gc[j], models[j], total_mem[j])
+            if same in seen:
+                continue  # an identical GPU earlier in the row gives the same F
+            seen.add(same)
             gm2, gc2 = list(gm), list(gc)
             gm2[j] -= t.gpu_memory_mib
             gc2[j] -= t.gpu_compute_pct

@@ -14,9 +14,9 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from scheduling.framework import Cycle, JobInfo, Plugin, RunningInfo, register
+from scheduling.framework import Cycle, JobInfo, Plugin, register
 from scheduling.model import JobRequest, PreemptReason
-from scheduling.state import FloatArray
+from scheduling.state import BoolArray, FloatArray
 
 
 class PriorityArgs(BaseModel):
@@ -55,30 +55,31 @@ class Priority(Plugin):
 
     def order_keys(self, cycle: Cycle, jobs: Sequence[JobInfo]) -> list[FloatArray]:
         a = self.args
-        tier = np.empty(len(jobs))
-        key = np.empty(len(jobs))
-        for k, info in enumerate(jobs):
-            j = info.job
-            wait = max(0.0, cycle.now - j.submit_time)
-            info.static_priority = self._static(j)
-            info.priority = (info.static_priority + a.aging_per_hour * wait / 3600.0
-                             + a.parallelism_weight * math.log2(1.0 + info.gpus))
-            info.starved = wait >= a.starvation_bound_s
-            tier[k] = 0.0 if info.starved else 1.0
-            # starved jobs go oldest first, the rest by combined priority
-            key[k] = j.submit_time if info.starved else -info.priority
-        return [tier, key]
+        n = len(jobs)
+        static = np.fromiter((i.static_priority for i in jobs), float, n)
+        submit = np.fromiter((i.job.submit_time for i in jobs), float, n)
+        gpus = np.fromiter((i.gpus for i in jobs), float, n)
+        wait = np.maximum(0.0, cycle.now - submit)
+        prio = static + a.aging_per_hour * wait / 3600.0 + a.parallelism_weight * np.log2(1.0 + gpus)
+        starved = wait >= a.starvation_bound_s
+        for info, p, s in zip(jobs, prio.tolist(), starved.tolist(), strict=True):
+            info.priority = p
+            info.starved = s
+        # starved jobs go oldest first, the rest by combined priority
+        return [np.where(starved, 0.0, 1.0), np.where(starved, submit, -prio)]
 
-    def victims(self, cycle: Cycle, info: JobInfo) -> list[tuple[RunningInfo, PreemptReason]]:
+    def victims(self, cycle: Cycle, info: JobInfo) -> list[tuple[BoolArray, PreemptReason]]:
         a = self.args
-        if not a.preempt:
+        if not a.preempt or not cycle.running:
             return []
         if a.preempt_by == "class":
-            mine = a.class_values.get(info.job.priority_class, 0.0)
-            return [(r, PreemptReason.PRIORITY) for r in cycle.running
-                    if a.class_values.get(r.job.priority_class, 0.0) < mine]
-        return [(r, PreemptReason.PRIORITY) for r in cycle.running
-                if info.static_priority - r.static_priority >= a.preempt_gap]
+            classes = cycle.extra.get("priority.class")
+            if classes is None:
+                classes = cycle.extra["priority.class"] = np.fromiter(
+                    (a.class_values.get(r.job.priority_class, 0.0) for r in cycle.running), float,
+                    len(cycle.running))
+            return [(classes < a.class_values.get(info.job.priority_class, 0.0), PreemptReason.PRIORITY)]
+        return [(info.static_priority - cycle.runs().static >= a.preempt_gap, PreemptReason.PRIORITY)]
 
 
 @register
@@ -128,12 +129,13 @@ class Srtf(Plugin):
     def order_keys(self, cycle: Cycle, jobs: Sequence[JobInfo]) -> list[FloatArray]:
         return [np.fromiter((_remaining(i.job, i.gpus) for i in jobs), float, len(jobs))]
 
-    def victims(self, cycle: Cycle, info: JobInfo) -> list[tuple[RunningInfo, PreemptReason]]:
-        if not self.args.preempt:
+    def victims(self, cycle: Cycle, info: JobInfo) -> list[tuple[BoolArray, PreemptReason]]:
+        if not self.args.preempt or not cycle.running:
             return []
-        mine = _remaining(info.job, info.gpus)
-        return [(r, PreemptReason.SRTF) for r in cycle.running
-                if _remaining(r.job, r.gpus, cycle.now - r.run.start_time) > mine]
+        rt = cycle.runs()
+        done = (cycle.now - rt.start) + np.where(rt.gpus > 0, rt.attained / np.maximum(rt.gpus, 1e-9), 0.0)
+        left = np.maximum(0.0, rt.estimate - done)
+        return [(left > _remaining(info.job, info.gpus), PreemptReason.SRTF)]
 
 
 class TiresiasArgs(BaseModel):
@@ -154,16 +156,14 @@ class Tiresias(Plugin):
     def queue_of(self, attained: float) -> int:
         return sum(1 for t in self.args.thresholds_gpu_s if attained >= t)
 
-    def attained(self, cycle: Cycle, r: RunningInfo) -> float:
-        return r.job.attained_service_s + r.gpus * max(0.0, cycle.now - r.run.start_time)
-
     def order_keys(self, cycle: Cycle, jobs: Sequence[JobInfo]) -> list[FloatArray]:
         q = np.fromiter((self.queue_of(i.job.attained_service_s) for i in jobs), float, len(jobs))
         return [q, np.fromiter((i.job.submit_time for i in jobs), float, len(jobs))]
 
-    def victims(self, cycle: Cycle, info: JobInfo) -> list[tuple[RunningInfo, PreemptReason]]:
-        if not self.args.preempt:
+    def victims(self, cycle: Cycle, info: JobInfo) -> list[tuple[BoolArray, PreemptReason]]:
+        if not self.args.preempt or not cycle.running:
             return []
-        mine = self.queue_of(info.job.attained_service_s)
-        return [(r, PreemptReason.LAS) for r in cycle.running
-                if self.queue_of(self.attained(cycle, r)) > mine]
+        rt = cycle.runs()
+        attained = rt.attained + rt.gpus * np.maximum(0.0, cycle.now - rt.start)
+        queue = np.searchsorted(np.asarray(self.args.thresholds_gpu_s), attained, side="right")
+        return [(queue > self.queue_of(info.job.attained_service_s), PreemptReason.LAS)]

@@ -90,29 +90,25 @@ class Topology(Plugin):
 
     def score(self, cycle: Cycle, p: Placing, cand: IntArray) -> FloatArray | None:
         t, st, tbl = p.task, p.state, cycle.table
+        gang = p.remaining + len(p.nodes) > 1
+        if t.gpu < 2 and not gang:
+            return None
         out = np.zeros(cand.size)
-        used = False
         if t.gpu >= 2:
-            used = True
-            rows = st.gcmp_free[cand]
-            idle = (rows >= 100) & (st.gmem_free[cand] >= tbl.gmem_total[cand]) & tbl.share_ok[cand]
-            dom = tbl.nvlink[cand]
-            best = np.zeros(cand.size, dtype=np.int64)
-            for d in np.unique(dom[idle]) if idle.any() else ():
-                best = np.maximum(best, (idle & (dom == d)).sum(axis=1))
-            out += best >= t.gpu
-        if p.remaining + len(p.nodes) > 1:
-            used = True
+            out += st.dom_idle[cand] >= t.gpu
+        if gang:
             if p.nodes:
-                out += np.isin(cand, p.nodes)
-                out += 0.5 * np.isin(tbl.rack[cand], tbl.rack[np.asarray(p.nodes)])
+                here = np.zeros(tbl.n, dtype=bool)
+                here[p.nodes] = True
+                racks = np.zeros(len(tbl.racks), dtype=bool)
+                racks[tbl.rack[p.nodes]] = True
+                out += here[cand]
+                out += 0.5 * racks[tbl.rack[cand]]
             elif t.gpu:
-                per_node = np.minimum(st.idle // t.gpu,
-                                      st.cpu_free // max(t.cpu_milli, 1))
-                fit = np.zeros(len(tbl.racks))
-                np.add.at(fit, tbl.rack[cand], per_node[cand])
+                per_node = np.minimum(st.idle[cand] // t.gpu, st.cpu_free[cand] // max(t.cpu_milli, 1))
+                fit = np.bincount(tbl.rack[cand], weights=per_node, minlength=len(tbl.racks))
                 out += 0.5 * (fit[tbl.rack[cand]] >= p.remaining)
-        return out if used else None
+        return out
 
 
 @register

@@ -81,9 +81,13 @@ class RoleAffinity(Plugin):
             if not anchors:
                 continue
             if rule.scope == "node":
-                hit = np.isin(cand, anchors)
+                near = np.zeros(cycle.table.n, dtype=bool)
+                near[anchors] = True
+                hit = near[cand]
             else:
-                hit = np.isin(rack[cand], rack[np.asarray(anchors)])
+                near = np.zeros(len(cycle.table.racks), dtype=bool)
+                near[rack[anchors]] = True
+                hit = near[rack[cand]]
             out.append((rule.anti, hit))
         return out
 

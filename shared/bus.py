@@ -31,10 +31,15 @@ from shared.topics import ALL_TOPICS, BY_NAME, DEAD_LETTER, Topic, topic_for
 log = get_logger(__name__)
 
 
-def partition_for(topic: str, key: str) -> int:
+def partition_for(topic: str, key: str, partitions: int | None = None) -> int:
     """Kafka's default partitioner (murmur2), so producers and manual assigners agree."""
-    n = BY_NAME[topic].partitions
+    n = partitions or BY_NAME[topic].partitions
     return (murmur2(key.encode()) & 0x7FFFFFFF) % n
+
+
+def _partition(topic: str, key: str) -> int | None:
+    """Registry topics get an explicit partition; others (tests, tools) the client's."""
+    return partition_for(topic, key) if topic in BY_NAME else None
 
 
 async def ensure_topics(bootstrap: str, topics: Iterable[Topic] = ALL_TOPICS) -> None:
@@ -101,7 +106,7 @@ class Producer:
 
     async def publish_envelope(self, env: Envelope, topic: str) -> None:
         await self._producer.send_and_wait(
-            topic, env.encode(), key=env.key.encode(), partition=partition_for(topic, env.key)
+            topic, env.encode(), key=env.key.encode(), partition=_partition(topic, env.key)
         )
         metrics.PUBLISHED.labels(self.source, topic).inc()
 
@@ -109,7 +114,7 @@ class Producer:
         """Send a batch and wait for every acknowledgement (order kept per partition)."""
         futures = [
             await self._producer.send(
-                topic, env.encode(), key=env.key.encode(), partition=partition_for(topic, env.key)
+                topic, env.encode(), key=env.key.encode(), partition=_partition(topic, env.key)
             )
             for env, topic in items
         ]
@@ -122,6 +127,7 @@ class Producer:
 
 
 Handler = Callable[[Envelope, Event], Awaitable[None]]
+BatchHandler = Callable[[list[tuple[Envelope, Event]]], Awaitable[None]]
 BatchHook = Callable[[], Awaitable[None]]
 
 
@@ -160,10 +166,16 @@ class Consumer:
         handler: Handler,
         producer: Producer,
         on_batch_end: BatchHook | None = None,
+        batch_handler: BatchHandler | None = None,
     ) -> None:
+        """``handler`` takes one message. ``batch_handler``, when given, takes all the
+        decoded messages of a fetch at once (one database transaction instead of one per
+        message); if it keeps failing, the batch is replayed through ``handler`` one by
+        one so only the poisoned message is dead-lettered."""
         self.settings = settings
         self.options = options
         self._handler = handler
+        self._batch_handler = batch_handler
         self._producer = producer
         self._on_batch_end = on_batch_end
         self._dedupe = _Dedupe(settings.dedupe_window)
@@ -188,6 +200,7 @@ class Consumer:
             self._consumer = AIOKafkaConsumer(**common)
         self._stopping = asyncio.Event()
         self._started = False
+        self._lag_at = 0.0
 
     async def start(self) -> None:
         """Connect and, for a manual assignment, fix the start positions now, so that
@@ -213,18 +226,31 @@ class Consumer:
                 await self._report_lag()
                 continue
             offsets: dict[TopicPartition, int] = {}
-            for tp, records in batch.items():
+            records = [r for rs in batch.values() for r in rs]
+            for tp, rs in batch.items():
+                offsets[tp] = rs[-1].offset + 1
+            if self._batch_handler is None or not await self._handle_batch(records):
                 for record in records:
                     await self._handle_record(record)
-                    offsets[tp] = record.offset + 1
             if self._on_batch_end is not None:
                 await self._on_batch_end()
             await self._consumer.commit(offsets)
             await self._report_lag()
 
-    async def _report_lag(self) -> None:
-        for tp in self._consumer.assignment():
+    async def _report_lag(self, every_s: float = 1.0) -> None:
+        """Lag per partition: highwater − position. The highwater comes with fetches; a
+        partition that has not returned data yet is asked for its end offset instead."""
+        now = time.monotonic()
+        if now - self._lag_at < every_s:
+            return
+        self._lag_at = now
+        assigned = list(self._consumer.assignment())
+        unknown = [tp for tp in assigned if self._consumer.highwater(tp) is None]
+        ends = await self._consumer.end_offsets(unknown) if unknown else {}
+        for tp in assigned:
             high = self._consumer.highwater(tp)
+            if high is None:
+                high = ends.get(tp)
             if high is None:
                 continue
             pos = await self._consumer.position(tp)
@@ -232,11 +258,50 @@ class Consumer:
                 max(0, high - pos)
             )
 
+    @staticmethod
+    def _decode(record: ConsumerRecord[bytes, bytes]) -> tuple[Envelope, Event]:
+        env = Envelope.decode(record.value or b"")
+        return env, env.payload()
+
+    async def _handle_batch(self, records: list[ConsumerRecord[bytes, bytes]]) -> bool:
+        """True if the batch handler took every message; False to go one by one."""
+        assert self._batch_handler is not None
+        items: list[tuple[Envelope, Event]] = []
+        for record in records:
+            try:
+                env, event = self._decode(record)
+            except (ValidationError, KeyError, ValueError):
+                return False  # let the one-by-one path dead-letter it
+            if not self._dedupe.seen(env.id):
+                items.append((env, event))
+        if not items:
+            return True
+        for attempt in range(1, self.settings.handler_retries + 2):
+            started = time.perf_counter()
+            try:
+                await self._batch_handler(items)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("batch handler failed", attempt=attempt, size=len(items),
+                            error=repr(exc))
+                if isinstance(exc, NonRetryable):
+                    return False
+                await asyncio.sleep(self.settings.retry_backoff_s * 2 ** (attempt - 1))
+                continue
+            per_message = (time.perf_counter() - started) / len(items)
+            for env, _ in items:
+                self._dedupe.add(env.id)
+            for record in records:
+                metrics.HANDLER_SECONDS.labels(self._service, record.topic).observe(per_message)
+                metrics.MESSAGES.labels(self._service, record.topic, "ok").inc()
+            return True
+        return False
+
     async def _handle_record(self, record: ConsumerRecord[bytes, bytes]) -> None:
         topic = record.topic
         try:
-            env = Envelope.decode(record.value or b"")
-            event = env.payload()
+            env, event = self._decode(record)
         except (ValidationError, KeyError, ValueError) as exc:
             await self._dead_letter(record, "undecodable", repr(exc)[:2000])
             return

@@ -170,6 +170,7 @@ class BindingAction(StrEnum):
     ALLOCATE = "allocate"
     STOP = "stop"
     RESIZE = "resize"
+    FENCE = "fence"  # no tasks: a new leader announces its epoch to every node
 
 
 class Binding(Event):

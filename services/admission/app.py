@@ -1,6 +1,5 @@
 """The HTTP gateway: submit, get, list and cancel jobs; list nodes. All under /v1."""
 
-from __future__ import annotations
 
 import json
 from datetime import datetime

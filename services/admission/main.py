@@ -9,15 +9,7 @@ from services.admission import store
 from services.admission.app import create_app
 from services.admission.settings import AdmissionSettings
 from shared.bus import Consumer, ConsumerOptions
-from shared.events import (
-    Binding,
-    Envelope,
-    Event,
-    JobStatus,
-    NodeHeartbeat,
-    NodeLost,
-    NodeRegistered,
-)
+from shared.events import Envelope, Event
 from shared.http import HttpServer
 from shared.outbox import OutboxRelay
 from shared.service import ServiceRuntime
@@ -32,17 +24,15 @@ async def main(settings: AdmissionSettings | None = None) -> None:
     engine = rt.engine
 
     async def handle(env: Envelope, event: Event) -> None:
-        if isinstance(event, JobStatus):
-            await store.apply_status(engine, env.id, event, env.occurred_at)
-        elif isinstance(event, Binding):
-            await store.apply_binding(engine, event, env.occurred_at)
-        elif isinstance(event, NodeRegistered | NodeHeartbeat | NodeLost):
-            await store.apply_node_event(engine, event, env.occurred_at)
+        await store.apply_events(engine, [(env, event)])
+
+    async def handle_batch(items: list[tuple[Envelope, Event]]) -> None:
+        await store.apply_events(engine, items)
 
     rt.add_consumer(Consumer(
         settings,
         ConsumerOptions("admission", [JOBS_STATUS.name, BINDINGS.name, NODES_LIFECYCLE.name]),
-        handle, rt.producer))
+        handle, rt.producer, batch_handler=handle_batch))
     relay = OutboxRelay(engine, rt.producer, settings.database_url,
                         timedelta(seconds=settings.outbox_replay_window_s))
     rt.add_loop(relay.run)

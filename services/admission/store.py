@@ -13,6 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from shared.events import (
     Binding,
     BindingAction,
+    Envelope,
+    Event,
     JobState,
     JobStatus,
     JobSubmitted,
@@ -156,80 +158,91 @@ async def request_cancel(engine: AsyncEngine, job_id: str, requested_by: str) ->
 # --- the read model, fed by jobs.status, bindings and nodes.lifecycle -------------------
 
 
-async def apply_status(engine: AsyncEngine, event_id: str, st: JobStatus,
-                       occurred_at: datetime) -> None:
+async def apply_events(engine: AsyncEngine, items: list[tuple[Envelope, Event]]) -> None:
+    """Apply a batch of events to the read model in one transaction. The read model can
+    be rebuilt from the topics, so it does not wait for its commit to reach disk."""
     async with engine.begin() as conn:
-        inserted = await conn.scalar(
-            text("""INSERT INTO job_events (event_id, job_id, state, reason, attempt, exit_code,
-                        task, node_id, message, occurred_at)
-                    VALUES (:e, :j, :s, :r, :a, :x, :t, :n, :m, :o)
-                    ON CONFLICT (event_id) DO NOTHING RETURNING seq"""),
-            {"e": event_id, "j": st.job_id, "s": st.state.value, "r": st.reason, "a": st.attempt,
-             "x": st.exit_code, "t": st.task, "n": st.node_id, "m": st.message, "o": occurred_at})
-        if inserted is None:
-            return  # a replay
-        if st.task is not None:
-            if st.state.terminal or st.state is JobState.PREEMPTED:
-                await conn.execute(
-                    text("DELETE FROM allocations_view WHERE job_id = :j AND task_id = :t"
-                         " AND attempt <= :a"), {"j": st.job_id, "t": st.task, "a": st.attempt})
-            return
-        row = (await conn.execute(
-            text("SELECT state, attempt FROM jobs WHERE id = :j FOR UPDATE"), {"j": st.job_id})
-        ).first()
-        if row is None:
-            return
-        if not accepts(JobState(row.state), row.attempt, st.state, st.attempt):
-            return
-        await conn.execute(
-            text("""UPDATE jobs SET state = :s, reason = :r, attempt = GREATEST(attempt, :a),
-                        exit_code = COALESCE(:x, exit_code), updated_at = now()
-                    WHERE id = :j"""),
-            {"s": st.state.value, "r": st.reason, "a": st.attempt, "x": st.exit_code,
-             "j": st.job_id})
+        await conn.execute(text("SET LOCAL synchronous_commit = off"))
+        for env, event in items:
+            if isinstance(event, JobStatus):
+                await apply_status(conn, env.id, event, env.occurred_at)
+            elif isinstance(event, Binding):
+                await apply_binding(conn, event, env.occurred_at)
+            elif isinstance(event, NodeRegistered | NodeHeartbeat | NodeLost):
+                await apply_node_event(conn, event, env.occurred_at)
+
+
+async def apply_status(conn: AsyncConnection, event_id: str, st: JobStatus,
+                       occurred_at: datetime) -> None:
+    inserted = await conn.scalar(
+        text("""INSERT INTO job_events (event_id, job_id, state, reason, attempt, exit_code,
+                    task, node_id, message, occurred_at)
+                VALUES (:e, :j, :s, :r, :a, :x, :t, :n, :m, :o)
+                ON CONFLICT (event_id) DO NOTHING RETURNING seq"""),
+        {"e": event_id, "j": st.job_id, "s": st.state.value, "r": st.reason, "a": st.attempt,
+         "x": st.exit_code, "t": st.task, "n": st.node_id, "m": st.message, "o": occurred_at})
+    if inserted is None:
+        return  # a replay
+    if st.task is not None:
         if st.state.terminal or st.state is JobState.PREEMPTED:
-            await conn.execute(text("DELETE FROM allocations_view WHERE job_id = :j"),
-                               {"j": st.job_id})
+            await conn.execute(
+                text("DELETE FROM allocations_view WHERE job_id = :j AND task_id = :t"
+                     " AND attempt <= :a"), {"j": st.job_id, "t": st.task, "a": st.attempt})
+        return
+    row = (await conn.execute(
+        text("SELECT state, attempt FROM jobs WHERE id = :j FOR UPDATE"), {"j": st.job_id})
+    ).first()
+    if row is None:
+        return
+    if not accepts(JobState(row.state), row.attempt, st.state, st.attempt):
+        return
+    await conn.execute(
+        text("""UPDATE jobs SET state = :s, reason = :r, attempt = GREATEST(attempt, :a),
+                    exit_code = COALESCE(:x, exit_code), updated_at = now()
+                WHERE id = :j"""),
+        {"s": st.state.value, "r": st.reason, "a": st.attempt, "x": st.exit_code,
+         "j": st.job_id})
+    if st.state.terminal or st.state is JobState.PREEMPTED:
+        await conn.execute(text("DELETE FROM allocations_view WHERE job_id = :j"),
+                           {"j": st.job_id})
 
 
-async def apply_binding(engine: AsyncEngine, b: Binding, occurred_at: datetime) -> None:
+async def apply_binding(conn: AsyncConnection, b: Binding, occurred_at: datetime) -> None:
     if b.action is not BindingAction.ALLOCATE or not b.tasks:
         return
-    async with engine.begin() as conn:
-        await conn.execute(
-            text("""INSERT INTO allocations_view (job_id, task_id, node_id, attempt, gpus,
-                        cpu_milli, memory_mib, bound_at)
-                    SELECT :j, :t, :n, :a, CAST(:g AS jsonb), :c, :m, :o
-                    WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE id = :j
-                        AND state IN ('succeeded', 'failed', 'cancelled'))
-                    ON CONFLICT (job_id, task_id) DO UPDATE SET node_id = EXCLUDED.node_id,
-                        attempt = EXCLUDED.attempt, gpus = EXCLUDED.gpus
-                    WHERE allocations_view.attempt < EXCLUDED.attempt"""),
-            [{"j": b.job_id, "t": t.task_id, "n": b.node_id, "a": b.attempt,
-              "g": json.dumps([g.model_dump() for g in t.gpus]), "c": t.cpu_milli,
-              "m": t.memory_mib, "o": occurred_at} for t in b.tasks])
+    await conn.execute(
+        text("""INSERT INTO allocations_view (job_id, task_id, node_id, attempt, gpus,
+                    cpu_milli, memory_mib, bound_at)
+                SELECT :j, :t, :n, :a, CAST(:g AS jsonb), :c, :m, :o
+                WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE id = :j
+                    AND state IN ('succeeded', 'failed', 'cancelled'))
+                ON CONFLICT (job_id, task_id) DO UPDATE SET node_id = EXCLUDED.node_id,
+                    attempt = EXCLUDED.attempt, gpus = EXCLUDED.gpus
+                WHERE allocations_view.attempt < EXCLUDED.attempt"""),
+        [{"j": b.job_id, "t": t.task_id, "n": b.node_id, "a": b.attempt,
+          "g": json.dumps([g.model_dump() for g in t.gpus]), "c": t.cpu_milli,
+          "m": t.memory_mib, "o": occurred_at} for t in b.tasks])
 
 
-async def apply_node_event(engine: AsyncEngine,
+async def apply_node_event(conn: AsyncConnection,
                            ev: NodeRegistered | NodeHeartbeat | NodeLost,
                            occurred_at: datetime) -> None:
-    async with engine.begin() as conn:
-        if isinstance(ev, NodeRegistered):
-            await conn.execute(
-                text("""INSERT INTO nodes_view (node_id, inventory, state, last_heartbeat,
-                            registered_at)
-                        VALUES (:n, CAST(:i AS jsonb), 'ready', :o, :o)
-                        ON CONFLICT (node_id) DO UPDATE SET inventory = EXCLUDED.inventory,
-                            state = 'ready', last_heartbeat = EXCLUDED.last_heartbeat"""),
-                {"n": ev.inventory.node_id, "i": ev.inventory.model_dump_json(), "o": occurred_at})
-        elif isinstance(ev, NodeHeartbeat):
-            await conn.execute(
-                text("""UPDATE nodes_view SET last_heartbeat = GREATEST(last_heartbeat, :o),
-                            state = CASE WHEN state = 'lost' THEN 'ready' ELSE state END
-                        WHERE node_id = :n"""), {"n": ev.node_id, "o": occurred_at})
-        else:
-            await conn.execute(text("UPDATE nodes_view SET state = 'lost' WHERE node_id = :n"),
-                               {"n": ev.node_id})
+    if isinstance(ev, NodeRegistered):
+        await conn.execute(
+            text("""INSERT INTO nodes_view (node_id, inventory, state, last_heartbeat,
+                        registered_at)
+                    VALUES (:n, CAST(:i AS jsonb), 'ready', :o, :o)
+                    ON CONFLICT (node_id) DO UPDATE SET inventory = EXCLUDED.inventory,
+                        state = 'ready', last_heartbeat = EXCLUDED.last_heartbeat"""),
+            {"n": ev.inventory.node_id, "i": ev.inventory.model_dump_json(), "o": occurred_at})
+    elif isinstance(ev, NodeHeartbeat):
+        await conn.execute(
+            text("""UPDATE nodes_view SET last_heartbeat = GREATEST(last_heartbeat, :o),
+                        state = CASE WHEN state = 'lost' THEN 'ready' ELSE state END
+                    WHERE node_id = :n"""), {"n": ev.node_id, "o": occurred_at})
+    else:
+        await conn.execute(text("UPDATE nodes_view SET state = 'lost' WHERE node_id = :n"),
+                           {"n": ev.node_id})
 
 
 async def list_nodes(engine: AsyncEngine) -> list[dict[str, Any]]:

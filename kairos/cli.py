@@ -1,0 +1,217 @@
+"""The `kairos` command: run the embedded platform, submit and describe jobs.
+
+The gateway URL and token come from --url/--token, then KAIROS_URL/KAIROS_TOKEN, then
+the profile the embedded stack writes (.kairos/profile.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="Kairos: a GPU scheduler for deep-learning training.", no_args_is_help=True)
+console = Console()
+err = Console(stderr=True)
+PROFILE = Path(os.environ.get("KAIROS_PROFILE", ".kairos/profile.json"))
+
+UrlOpt = Annotated[str | None, typer.Option("--url", help="gateway URL", envvar="KAIROS_URL")]
+TokenOpt = Annotated[str | None, typer.Option("--token", help="API token", envvar="KAIROS_TOKEN")]
+
+
+def _client(url: str | None, token: str | None) -> httpx.Client:
+    profile: dict[str, str] = {}
+    if PROFILE.exists():
+        profile = json.loads(PROFILE.read_text())
+    url = url or profile.get("url")
+    token = token or profile.get("token")
+    if not url or not token:
+        err.print("[red]no gateway configured[/]: pass --url/--token, set KAIROS_URL and "
+                  "KAIROS_TOKEN, or start the platform with `make run`")
+        raise typer.Exit(2)
+    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+
+def _fail(r: httpx.Response) -> None:
+    try:
+        detail: Any = r.json().get("detail", r.text)
+    except ValueError:
+        detail = r.text
+    if isinstance(detail, list):
+        detail = "; ".join(f"{d.get('field')}: {d.get('message')}" for d in detail)
+    err.print(f"[red]error {r.status_code}[/]: {detail}")
+    raise typer.Exit(1 if r.status_code < 500 else 3)
+
+
+def _request(client: httpx.Client, method: str, path: str, **kw: Any) -> Any:
+    try:
+        r = client.request(method, path, **kw)
+    except httpx.HTTPError as exc:
+        err.print(f"[red]cannot reach the gateway[/] at {client.base_url}: {exc}")
+        raise typer.Exit(3) from exc
+    if r.status_code >= 400:
+        _fail(r)
+    return r.json()
+
+
+@app.command()
+def submit(
+    file: Annotated[Path, typer.Argument(help="job spec, YAML or JSON", exists=True,
+                                         dir_okay=False)],
+    url: UrlOpt = None, token: TokenOpt = None,
+    idempotency_key: Annotated[str | None, typer.Option(help="makes a retry safe")] = None,
+) -> None:
+    """Submit a job (like sbatch / vcctl job run)."""
+    headers = {"Content-Type": "application/yaml"}
+    if idempotency_key:
+        headers["Idempotency-Key"] = idempotency_key
+    with _client(url, token) as c:
+        job = _request(c, "POST", "/v1/jobs", content=file.read_bytes(), headers=headers)
+    console.print(f"submitted [bold]{job['id']}[/] ({job['name']}) to queue {job['queue']}")
+
+
+@app.command()
+def describe(job_id: str, url: UrlOpt = None, token: TokenOpt = None) -> None:
+    """A job's state, placement and the history of its transitions with reasons."""
+    with _client(url, token) as c:
+        job = _request(c, "GET", f"/v1/jobs/{job_id}")
+    console.print(f"[bold]{job['id']}[/] {job['name']}  queue={job['queue']} "
+                  f"tenant={job['tenant']}  state=[bold]{job['state']}[/] ({job['reason']}) "
+                  f"attempt={job['attempt']}")
+    if job.get("placement"):
+        t = Table("task", "node", "gpus", title="placement")
+        for p in job["placement"]:
+            gpus = ", ".join(
+                f"{g['index']}" + (f" ({g['memory_mib']} MiB, {g['compute_pct']}%)"
+                                   if g.get("memory_mib") else "") for g in p["gpus"])
+            t.add_row(p["task_id"], p["node_id"], gpus or "-")
+        console.print(t)
+    t = Table("time", "state", "task", "node", "reason", "exit", title="history")
+    for h in job["history"]:
+        t.add_row(h["occurred_at"][11:23], h["state"], h.get("task") or "job",
+                  h.get("node_id") or "", h["reason"],
+                  "" if h.get("exit_code") is None else str(h["exit_code"]))
+    console.print(t)
+
+
+@app.command()
+def cancel(job_id: str, url: UrlOpt = None, token: TokenOpt = None) -> None:
+    """Cancel a job (like scancel)."""
+    with _client(url, token) as c:
+        _request(c, "DELETE", f"/v1/jobs/{job_id}")
+    console.print(f"cancel requested for {job_id}")
+
+
+@app.command()
+def nodes(url: UrlOpt = None, token: TokenOpt = None) -> None:
+    """Nodes with their GPUs and allocation."""
+    with _client(url, token) as c:
+        rows = _request(c, "GET", "/v1/nodes")
+    t = Table("node", "state", "gpus", "allocated", "shared", "model")
+    for n in rows:
+        model = n["inventory"]["gpus"][0]["model"] if n["inventory"]["gpus"] else "-"
+        t.add_row(n["node_id"], n["state"], str(n["gpus_total"]), str(n["gpus_allocated"]),
+                  str(n["gpus_shared"]), model)
+    console.print(t)
+
+
+def _summary(metrics_url: str) -> str:
+    try:
+        text = httpx.get(metrics_url, timeout=2).text
+    except httpx.HTTPError:
+        return "monitor unreachable"
+    vals: dict[str, float] = {}
+    for m in re.finditer(r'^(kairos_jobs|kairos_cluster_gpus|kairos_nodes)\{state="(\w+)"\} '
+                         r'([0-9.e+]+)$', text, re.M):
+        vals[f"{m[1]}.{m[2]}"] = float(m[3])
+    jobs = " ".join(f"{s}={int(vals.get(f'kairos_jobs.{s}', 0))}" for s in (
+        "admitted", "bound", "running", "succeeded", "failed", "cancelled"))
+    return (f"nodes={int(vals.get('kairos_nodes.ready', 0))} "
+            f"gpus={int(vals.get('kairos_cluster_gpus.allocated', 0))}/"
+            f"{int(vals.get('kairos_cluster_gpus.total', 0))} allocated | jobs {jobs}")
+
+
+DEMO_DIR = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _demo_jobs(n: int, seed: int = 7) -> list[bytes]:
+    files = sorted(DEMO_DIR.glob("*.yaml"))
+    rnd = random.Random(seed)
+    out = []
+    for _ in range(n):
+        spec = yaml.safe_load(rnd.choice(files).read_text())
+        spec["duration"] = rnd.choice([3, 5, 8, 13])
+        out.append(json.dumps(spec).encode())
+    return out
+
+
+@app.command()
+def demo(count: Annotated[int, typer.Option(help="jobs to submit")] = 20,
+         url: UrlOpt = None, token: TokenOpt = None) -> None:
+    """Submit a mix of the example jobs so you can watch them flow."""
+    with _client(url, token) as c:
+        for body in _demo_jobs(count):
+            job = _request(c, "POST", "/v1/jobs", content=body,
+                           headers={"Content-Type": "application/json"})
+            console.print(f"submitted {job['id']} {job['name']}")
+
+
+@app.command()
+def up(
+    nodes: Annotated[int, typer.Option(help="simulated nodes")] = 4,
+    gpus: Annotated[int, typer.Option(help="GPUs per simulated node")] = 8,
+    port: Annotated[int, typer.Option(help="gateway port")] = 8000,
+    with_demo: Annotated[bool, typer.Option("--demo", help="submit example jobs")] = False,
+) -> None:
+    """Start the whole platform on embedded defaults; Ctrl-C stops everything."""
+    from kairos.stack import Stack
+
+    stack = Stack(nodes=nodes, gpus_per_node=gpus, admission_port=port)
+    console.print("starting broker, database and services ...")
+    stopping = False
+
+    def _stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        stack.start()
+        PROFILE.parent.mkdir(parents=True, exist_ok=True)
+        PROFILE.write_text(json.dumps({"url": stack.url, "token": stack.token}))
+        monitor = stack.proc("monitor")
+        console.print(f"[bold green]Kairos is up[/]  gateway: {stack.url}  (docs: {stack.url}/docs)")
+        console.print(f"token: [bold]{stack.token}[/]   (saved in {PROFILE} for the CLI)")
+        console.print(f"logs: {stack.workdir / 'logs'}   Ctrl-C stops everything")
+        if with_demo:
+            demo(12, stack.url, stack.token)
+        with console.status("") as status:
+            while not stopping:
+                for p in stack.procs:
+                    if p.popen.poll() is not None:
+                        raise RuntimeError(f"{p.name} stopped (code {p.popen.returncode}); "
+                                           f"see {p.log}")
+                status.update(_summary(f"http://127.0.0.1:{monitor.port}/metrics"))
+                time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        console.print("stopping ...")
+        stack.stop()
+        PROFILE.unlink(missing_ok=True)
+        console.print("stopped; nothing left running")
+
+
+if __name__ == "__main__":
+    app()

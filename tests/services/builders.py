@@ -1,0 +1,51 @@
+"""Fluent builders for service-level test data: ``ready("j").gpus(2).replicas(2)``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.events import GpuInfo, JobReady, NodeInventory, NodeRegistered, utcnow
+from shared.jobspec import parse_job_spec
+
+
+class ReadyBuilder:
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        self._task: dict[str, Any] = {"name": "worker", "replicas": 1,
+                                      "resources": {"gpu": 1}}
+        self._spec: dict[str, Any] = {"name": job_id.lower(), "duration": 1}
+        self._attempt = 1
+
+    def gpus(self, n: int) -> ReadyBuilder:
+        self._task["resources"] = {"gpu": n}
+        return self
+
+    def share(self, memory_mib: int, compute_pct: int) -> ReadyBuilder:
+        self._task["resources"] = {"gpuMemory": memory_mib, "gpuCompute": compute_pct}
+        return self
+
+    def replicas(self, n: int) -> ReadyBuilder:
+        self._task["replicas"] = n
+        return self
+
+    def retries(self, n: int) -> ReadyBuilder:
+        self._spec["maxRetry"] = n
+        return self
+
+    def build(self) -> JobReady:
+        spec = parse_job_spec({**self._spec, "tasks": [self._task]})
+        return JobReady(job_id=self.job_id, queue="default", tenant="t", user="u", spec=spec,
+                        submitted_at=utcnow(), admitted_at=utcnow(), attempt=self._attempt)
+
+
+def ready(job_id: str) -> ReadyBuilder:
+    return ReadyBuilder(job_id)
+
+
+def node(node_id: str, gpus: int = 8) -> NodeRegistered:
+    return NodeRegistered(
+        inventory=NodeInventory(
+            node_id=node_id, cpu_milli=128_000, memory_mib=1_048_576, address=f"{node_id}.local",
+            gpus=[GpuInfo(index=i, uuid=f"GPU-{node_id}-{i}", model="H100", memory_mib=81559)
+                  for i in range(gpus)]),
+        agent_started_at=utcnow())

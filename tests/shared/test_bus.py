@@ -1,0 +1,184 @@
+"""The bus against the real broker (Tansu): commit after success, retries, dead letters,
+dedupe, and manual partition assignment."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from shared.bus import Consumer, ConsumerOptions, Producer, ensure_topics, partition_for
+from shared.config import CommonSettings
+from shared.errors import NonRetryable
+from shared.events import DeadLetter, Envelope, Event, JobState, JobStatus
+from shared.topics import DEAD_LETTER, Topic
+
+pytestmark = pytest.mark.broker
+
+
+def settings(bootstrap: str) -> CommonSettings:
+    return CommonSettings(service_name="test", kafka_bootstrap=bootstrap, retry_backoff_s=0.01,
+                          session_timeout_ms=6000, heartbeat_interval_ms=500,
+                          rebalance_timeout_ms=6000)
+
+
+async def fresh_topic(bootstrap: str, partitions: int = 1) -> str:
+    name = "t-" + uuid.uuid4().hex[:8]
+    await ensure_topics(bootstrap, [Topic(name, "k", partitions, 3_600_000, (), "test")])
+    return name
+
+
+@pytest.fixture
+async def producer(broker: str) -> AsyncIterator[Producer]:
+    p = Producer(broker, "test")
+    await p.start()
+    yield p
+    await p.stop()
+
+
+def status(job: str, state: JobState = JobState.RUNNING) -> JobStatus:
+    return JobStatus(job_id=job, state=state, reason="test")
+
+
+async def consume_until(consumer: Consumer, done: Callable[[], bool], timeout: float = 20) -> None:
+    await consumer.start()
+    task = asyncio.create_task(consumer.run())
+    try:
+        async with asyncio.timeout(timeout):
+            while not done():
+                await asyncio.sleep(0.02)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await consumer.stop()
+
+
+async def dead_letters(bootstrap: str, group: str, n: int) -> list[DeadLetter]:
+    """Read dead letters written by ``group`` (the topic is shared by the session)."""
+    c = AIOKafkaConsumer(DEAD_LETTER.name, bootstrap_servers=bootstrap,
+                         auto_offset_reset="earliest", fetch_max_wait_ms=50)
+    await c.start()
+    found: list[DeadLetter] = []
+    try:
+        async with asyncio.timeout(15):
+            while len(found) < n:
+                for records in (await c.getmany(timeout_ms=200)).values():
+                    for r in records:
+                        ev = Envelope.decode(r.value or b"").payload()
+                        assert isinstance(ev, DeadLetter)
+                        if ev.consumer_group == group:
+                            found.append(ev)
+    finally:
+        await c.stop()
+    return found
+
+
+def collector() -> tuple[list[Event], Callable[[Envelope, Event], Awaitable[None]]]:
+    got: list[Event] = []
+
+    async def handle(env: Envelope, ev: Event) -> None:
+        got.append(ev)
+
+    return got, handle
+
+
+async def test_consumes_in_order_and_commits_after_success(broker: str,
+                                                           producer: Producer) -> None:
+    topic = await fresh_topic(broker)
+    for i in range(5):
+        await producer.publish_envelope(Envelope.wrap(status(f"j{i}"), "test"), topic)
+    got, handle = collector()
+    group = "g-" + uuid.uuid4().hex[:6]
+    await consume_until(Consumer(settings(broker), ConsumerOptions(group, [topic]), handle,
+                                 producer), lambda: len(got) == 5)
+    assert [e.job_id for e in got] == [f"j{i}" for i in range(5)]  # type: ignore[attr-defined]
+    # the group's offsets were committed: a new member of the group sees only new messages
+    await producer.publish_envelope(Envelope.wrap(status("j5"), "test"), topic)
+    got2, handle2 = collector()
+    await consume_until(Consumer(settings(broker), ConsumerOptions(group, [topic]), handle2,
+                                 producer), lambda: len(got2) >= 1)
+    await asyncio.sleep(0.3)
+    assert [e.job_id for e in got2] == ["j5"]  # type: ignore[attr-defined]
+
+
+async def test_duplicate_event_ids_are_handled_once(broker: str, producer: Producer) -> None:
+    topic = await fresh_topic(broker)
+    env = Envelope.wrap(status("dup"), "test")
+    for _ in range(3):
+        await producer.publish_envelope(env, topic)
+    await producer.publish_envelope(Envelope.wrap(status("other"), "test"), topic)
+    got, handle = collector()
+    await consume_until(Consumer(settings(broker), ConsumerOptions("g-" + topic, [topic]),
+                                 handle, producer), lambda: len(got) >= 2)
+    await asyncio.sleep(0.3)
+    assert [e.job_id for e in got] == ["dup", "other"]  # type: ignore[attr-defined]
+
+
+async def test_transient_failure_is_retried_then_succeeds(broker: str,
+                                                          producer: Producer) -> None:
+    topic = await fresh_topic(broker)
+    await producer.publish_envelope(Envelope.wrap(status("flaky"), "test"), topic)
+    calls = 0
+
+    async def handle(env: Envelope, ev: Event) -> None:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise ConnectionError("database busy")
+
+    await consume_until(Consumer(settings(broker), ConsumerOptions("g-" + topic, [topic]),
+                                 handle, producer), lambda: calls >= 3)
+    assert calls == 3
+
+
+async def test_permanent_failures_and_garbage_are_dead_lettered(broker: str,
+                                                                producer: Producer) -> None:
+    topic = await fresh_topic(broker)
+    group = "g-" + topic
+    await producer.send_raw(topic, b"k", b"\x00not json at all")
+    await producer.publish_envelope(Envelope.wrap(status("poison"), "test"), topic)
+    await producer.publish_envelope(Envelope.wrap(status("always-fails"), "test"), topic)
+    await producer.publish_envelope(Envelope.wrap(status("fine"), "test"), topic)
+    handled: list[str] = []
+
+    async def handle(env: Envelope, ev: Event) -> None:
+        assert isinstance(ev, JobStatus)
+        if ev.job_id == "poison":
+            raise NonRetryable("job spec refers to a queue that never existed")
+        if ev.job_id == "always-fails":
+            raise RuntimeError("bug")
+        handled.append(ev.job_id)
+
+    await consume_until(Consumer(settings(broker), ConsumerOptions(group, [topic]), handle,
+                                 producer), lambda: handled == ["fine"])
+    letters = await dead_letters(broker, group, 3)
+    assert [(d.reason, d.offset) for d in letters] == [
+        ("undecodable", 0), ("rejected", 1), ("handler_failed", 2)]
+    assert letters[0].value.endswith("not json at all") and letters[0].topic == topic
+    assert "never existed" in letters[1].error
+
+
+async def test_manual_assignment_reads_only_its_partition(broker: str,
+                                                          producer: Producer) -> None:
+    topic = await fresh_topic(broker, partitions=8)
+    keys = [f"node-{i}" for i in range(20)]
+    mine = "node-3"
+    part = partition_for(topic, mine, 8)
+    got, handle = collector()
+    consumer = Consumer(settings(broker), ConsumerOptions(
+        "g-" + topic, [topic], assign=[TopicPartition(topic, part)], from_beginning=False),
+        handle, producer)
+    await consumer.start()  # fixes the start position: later messages are not skipped
+    for k in keys:
+        env = Envelope.wrap(status(k), "test")
+        await producer._producer.send_and_wait(topic, env.encode(), key=k.encode(),
+                                               partition=partition_for(topic, k, 8))
+    expected = {k for k in keys if partition_for(topic, k, 8) == part}
+    await consume_until(consumer, lambda: {e.job_id for e in got} >= expected)  # type: ignore[attr-defined]
+    assert {e.job_id for e in got} == expected  # type: ignore[attr-defined]
+    assert mine in expected and len(expected) < len(keys)

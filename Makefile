@@ -24,8 +24,14 @@ run: $(STAMP) ## start the whole platform on embedded defaults (Ctrl-C stops it)
 demo: $(STAMP) ## submit a mix of example jobs to a running platform
 	$(BIN)/kairos demo
 
-test: $(STAMP) ## run the whole test suite (starts its own broker and databases)
+tools: $(STAMP) ## install the tools the tests use (kcat, promtool, deploy validators)
+	VIRTUAL_ENV=$(abspath $(VENV)) scripts/install-test-tools.sh
+
+test: tools ## run the whole test suite (starts its own broker and databases)
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
+
+test-deploy: tools ## only the static checks of Dockerfile, compose, Helm chart, alerts, dashboards
+	$(BIN)/python -m pytest -q -ra tests/deploy
 
 lint: $(STAMP) ## ruff and mypy --strict on shared/ and scheduling/
 	$(BIN)/ruff check .
@@ -40,4 +46,4 @@ bench: $(STAMP) ## end-to-end latency benchmark (writes bench/results/e2e_latenc
 clean: ## remove the virtualenv and local state
 	rm -rf $(VENV) .kairos
 
-.PHONY: help install run demo test lint schemas bench clean
+.PHONY: help install tools run demo test test-deploy lint schemas bench clean

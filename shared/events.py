@@ -158,12 +158,24 @@ class TaskBinding(BaseModel):
     role: str
     replica: int
     rank: int
+    local_rank: int | None = Field(default=None, description="rank among the job's tasks "
+                                   "on this node")
     gpus: list[GpuAssignment] = Field(default_factory=list)
     cpu_milli: int = 0
     memory_mib: int = 0
     image: str = ""
     command: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+
+
+class ClusterMember(BaseModel):
+    """One task of the job wherever it runs, so every node can build TF_CONFIG."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    role: str
+    rank: int
+    host: str
+    port: int | None = None
 
 
 class BindingAction(StrEnum):
@@ -184,6 +196,7 @@ class Binding(Event):
     job_id: str
     attempt: int = 1
     tasks: list[TaskBinding] = Field(default_factory=list)
+    cluster: list[ClusterMember] = Field(default_factory=list)
     world_size: int = 1
     master_addr: str = ""
     master_port: int = 29500

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.node_agent.devices.simulated import SimulatedDevices
+from services.node_agent.rendezvous import rendezvous_env
 from services.node_agent.runtimes.base import (
     GpuGrant,
     Runtime,
@@ -95,7 +96,7 @@ class NodeAgent:
     async def _start(self, b: Binding, t: TaskBinding) -> None:
         launch = TaskLaunch(
             job_id=b.job_id, task_id=t.task_id, attempt=b.attempt, image=t.image,
-            command=tuple(t.command), env={**t.env, **self._rendezvous(b, t)},
+            command=tuple(t.command), env={**t.env, **rendezvous_env(b, t)},
             gpus=tuple(GpuGrant(g.index, g.uuid, g.memory_mib, g.compute_pct) for g in t.gpus),
             cpu_milli=t.cpu_milli, memory_mib=t.memory_mib, duration_s=b.duration_s)
         if launch.key in self._tasks or launch.key in self._done:
@@ -111,13 +112,8 @@ class NodeAgent:
         self._load(launch, +1)
         await self._report(launch, JobState.RUNNING, "started")
 
-    @staticmethod
-    def _rendezvous(b: Binding, t: TaskBinding) -> dict[str, str]:
-        return {"MASTER_ADDR": b.master_addr, "MASTER_PORT": str(b.master_port),
-                "WORLD_SIZE": str(b.world_size), "RANK": str(t.rank),
-                "KAIROS_JOB_ID": b.job_id, "KAIROS_TASK_ID": t.task_id}
-
     async def _stop(self, b: Binding, task_id: str, state: JobState) -> None:
+        """Checkpoint signal, grace period, then kill (the runtime's stop)."""
         key = f"{b.job_id}/{task_id}/{b.attempt}"
         rec = self._tasks.get(key)
         if rec is None:
@@ -129,7 +125,7 @@ class NodeAgent:
                     f"{state.value}-{key}")
             return
         rec.stop_state = state
-        await self.runtime.stop(key, b.grace_period_s)
+        await self.runtime.stop(key, b.grace_period_s, reason=state.value, message=b.reason)
 
     async def _on_exit(self, ex: TaskExit) -> None:
         rec = self._tasks.pop(ex.key, None)

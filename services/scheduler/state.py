@@ -15,6 +15,7 @@ from scheduling import Allocation, GpuSlot, GpuUse, JobRequest, Node, Plan, Snap
 from shared.events import (
     Binding,
     BindingAction,
+    ClusterMember,
     CommandAction,
     Envelope,
     Event,
@@ -335,11 +336,12 @@ class SchedulerState:
         spec = job.ready.spec
         by_name = {t.name: t for t in spec.tasks}
         master = min(tasks, key=lambda p: p.rank)
-        master_view = self.nodes.get(master.node_id)
-        master_addr = (master_view.inventory.address or master.node_id) if master_view else ""
+        master_addr = self._address(master.node_id)
         by_node: dict[str, list[Placed]] = {}
         for p in tasks:
             by_node.setdefault(p.node_id, []).append(p)
+        cluster = [ClusterMember(role=by_name[p.task_name].effective_role, rank=p.rank,
+                                 host=self._address(p.node_id)) for p in tasks]
         for node_id, placed in by_node.items():
             inv = self.nodes[node_id].inventory if node_id in self.nodes else None
             uuids = {g.index: g.uuid for g in inv.gpus} if inv else {}
@@ -347,17 +349,22 @@ class SchedulerState:
                 binding_id=f"{job.job_id}-{job.attempt}-{node_id}",
                 action=BindingAction.ALLOCATE, node_id=node_id, epoch=self.epoch,
                 job_id=job.job_id, attempt=job.attempt, world_size=len(tasks),
-                master_addr=master_addr, duration_s=spec.duration,
+                master_addr=master_addr, duration_s=spec.duration, cluster=cluster,
                 tasks=[TaskBinding(
                     task_id=p.task_id, task_name=p.task_name,
                     role=by_name[p.task_name].effective_role, replica=p.replica, rank=p.rank,
+                    local_rank=local,
                     gpus=[GpuAssignment(index=g.index, uuid=uuids.get(g.index, ""),
                                         memory_mib=g.memory_mib, compute_pct=g.compute_pct)
                           for g in p.gpus],
                     cpu_milli=p.cpu_milli, memory_mib=p.memory_mib,
                     image=by_name[p.task_name].image, command=by_name[p.task_name].command,
-                    env=by_name[p.task_name].env) for p in placed])
+                    env=by_name[p.task_name].env) for local, p in enumerate(placed)])
             out.emit(binding, self.SOURCE, event_id=f"bind-{binding.binding_id}-e{self.epoch}")
+
+    def _address(self, node_id: str) -> str:
+        view = self.nodes.get(node_id)
+        return (view.inventory.address or node_id) if view else node_id
 
     def _stop_tasks(self, job: SchedJob, out: Output, reason: str) -> None:
         by_node: dict[tuple[str, int], list[Placed]] = {}

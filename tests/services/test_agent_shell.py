@@ -102,3 +102,50 @@ async def test_stop_reports_cancelled_or_preempted() -> None:
     await agent.handle(other)
     assert [(e.job_id, e.state) for e in rec.events if isinstance(e, JobStatus)][-1] == (
         "NEVER", JobState.CANCELLED)
+
+
+async def test_gang_tasks_start_with_the_rendezvous_environment() -> None:
+    """The scheduler's binding carries the whole cluster; the agent turns it into the
+    variables torchrun and TF_CONFIG readers expect."""
+    import json
+
+    from services.scheduler.state import Output, SchedulerState
+    from scheduling import first_fit
+    from tests.services.builders import node
+    from shared.jobspec import parse_job_spec
+    from shared.events import JobReady, utcnow
+
+    sched = SchedulerState(epoch=1, placer=first_fit)
+    out = Output()
+    sched.handle(node("n1", gpus=2), out)
+    sched.handle(node("n2", gpus=2), out)
+    spec = parse_job_spec({"name": "ps-job", "tasks": [
+        {"name": "ps", "role": "ps", "resources": {"gpu": 0}},
+        {"name": "worker", "replicas": 3, "resources": {"gpu": 1}}]})
+    sched.handle(JobReady(job_id="PS", queue="q", tenant="t", user="u", spec=spec,
+                          submitted_at=utcnow(), admitted_at=utcnow()), out)
+    sched.cycle(0, out)
+    mine = next(e.payload() for e, t in out.events if t == "bindings"
+                and e.payload().node_id == "n1")  # type: ignore[attr-defined]
+    assert isinstance(mine, Binding) and len(mine.cluster) == 4
+
+    launches = []
+
+    class Recording(SimulatedRuntime):
+        async def start(self, launch):  # type: ignore[no-untyped-def]
+            launches.append(launch)
+            await super().start(launch)
+
+    rec = Recorder()
+    devices = SimulatedDevices("n1", 2)
+    agent = NodeAgent(simulated_inventory("n1", devices, 64_000, 512_000, "r0"), devices,
+                      Recording, rec)
+    await agent.handle(mine)
+    env = {la.task_id: la.env for la in launches}
+    assert env["ps-0"]["RANK"] == "0" and env["ps-0"]["WORLD_SIZE"] == "4"
+    assert env["ps-0"]["MASTER_ADDR"] == "n1.local"
+    tf = json.loads(env["ps-0"]["TF_CONFIG"])
+    assert tf["task"] == {"type": "ps", "index": 0}
+    assert len(tf["cluster"]["worker"]) == 3 and len(tf["cluster"]["ps"]) == 1
+    assert [env[t]["LOCAL_RANK"] for t in sorted(env)] == [str(i) for i in range(len(env))]
+    await agent.close()

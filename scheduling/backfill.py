@@ -12,19 +12,21 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from scheduling.framework import Cycle, JobInfo, RunningInfo
-from scheduling.model import Reservation
+from scheduling.model import Bind, Reservation
 from scheduling.placer import Placer
 from scheduling.state import BoolArray, ClusterState
 
-MAX_TRIALS = 48  # full placement trials per reservation; cheap bounds screen the rest
+MAX_TRIALS = 16  # full placement trials per reservation; cheap bounds screen the rest
+CHUNK = 64  # running jobs released at once while the head job cannot fit anyway
 
 
 def _could_fit(st: ClusterState, info: JobInfo) -> bool:
-    """A necessary condition, O(nodes): enough idle GPUs overall and on some node."""
+    """A necessary condition, O(nodes): each whole-GPU group has room for its replicas
+    counting every node's idle GPUs, and all groups together have enough idle GPUs."""
     whole = sum(t.gpu * t.replicas for t in info.tasks if t.gpu)
     if whole and int(st.idle.sum()) < whole:
         return False
-    return all(int(st.idle.max(initial=0)) >= t.gpu for t in info.tasks if t.gpu)
+    return all(int((st.idle // t.gpu).sum()) >= t.replicas for t in info.tasks if t.gpu)
 
 
 def reserve(placer: Placer, base: ClusterState, info: JobInfo, need: int,
@@ -42,23 +44,46 @@ def reserve(placer: Placer, base: ClusterState, info: JobInfo, need: int,
         return None  # nothing is known to end: no start time to promise
     st = base.copy()
     allocs = cycle.snapshot.allocations
-    index = cycle.table.index
+
     trials = 0
-    for k, (end, _, r) in enumerate(ends):
-        for a in r.allocs:
-            if gone[a]:
-                continue  # already released in the base state
-            i = index.get(allocs[a].node_id)
-            if i is not None:
-                st.release(i, allocs[a].cpu_milli, allocs[a].memory_mib, allocs[a].gpus)
-        last_of_batch = k + 1 == len(ends) or ends[k + 1][0] > end
-        if not last_of_batch or not _could_fit(st, info):
+    k = 0
+    while k < len(ends):
+        # Release a chunk at once (vectorised). Only when the job fits after the whole
+        # chunk, step back and walk it one end time at a time for the exact moment.
+        chunk = ends[k: k + CHUNK]
+        j = k + len(chunk)
+        while j < len(ends) and ends[j][0] == ends[j - 1][0]:
+            chunk.append(ends[j])
+            j += 1
+        freed = [allocs[a] for _, _, r in chunk for a in r.allocs if not gone[a]]
+        st.apply(freed, sign=-1)
+        k = j
+        if not _could_fit(st, info) or (trials >= MAX_TRIALS and k < len(ends)):
             continue
         trials += 1
-        if trials > MAX_TRIALS and k + 1 < len(ends):
-            continue  # past the budget only the final state is tried
-        binds, _ = placer.place_job(st, info, None, need)
-        if binds is not None:
-            nodes = tuple(sorted({b.node_id for b in binds}))
-            return Reservation(info.job.job_id, end, nodes)
+        fit = _trial(placer, st, info, need)
+        if fit is None:
+            continue
+        st.apply(freed, sign=1)
+        for m, (end, _, r) in enumerate(chunk):
+            for a in r.allocs:
+                if not gone[a]:
+                    x = allocs[a]
+                    st.release(cycle.table.index[x.node_id], x.cpu_milli, x.memory_mib, x.gpus)
+            if m + 1 < len(chunk):
+                if chunk[m + 1][0] == end or not _could_fit(st, info):
+                    continue  # jobs ending at the same moment go together
+                binds = _trial(placer, st, info, need)
+                if binds is None:
+                    continue
+                fit = binds
+            return Reservation(info.job.job_id, end, tuple(sorted({b.node_id for b in fit})))
     return None
+
+
+def _trial(placer: Placer, st: ClusterState, info: JobInfo, need: int) -> list[Bind] | None:
+    """Where the job would go on ``st``, leaving ``st`` as it was."""
+    m = st.mark()
+    binds, _ = placer.place_job(st, info, None, need)
+    st.rollback(m)
+    return binds

@@ -91,24 +91,26 @@ class RunTable:
     def __init__(self, cycle: Cycle) -> None:
         runs = cycle.running
         now = cycle.now
-        self.tenants = sorted({r.job.tenant for r in runs})
+        self.tenants = sorted({r.run.job.tenant for r in runs})
         code = {t: k for k, t in enumerate(self.tenants)}
-        self.tenant = np.fromiter((code[r.job.tenant] for r in runs), np.int64, len(runs))
-        self.static = np.fromiter((r.static_priority for r in runs), float, len(runs))
-        self.gpus = np.fromiter((r.gpus for r in runs), float, len(runs))
-        self.start = np.fromiter((r.run.start_time for r in runs), float, len(runs))
-        self.attained = np.fromiter((r.job.attained_service_s for r in runs), float, len(runs))
-        self.estimate = np.fromiter(
-            (np.inf if r.job.runtime_estimate_s is None else r.job.runtime_estimate_s for r in runs),
-            float, len(runs))
-        self.demand = np.asarray([r.demand.as_tuple() for r in runs], dtype=float).reshape(len(runs), 3)
-        ckpt = np.fromiter((r.run.last_checkpoint_time if r.run.last_checkpoint_time is not None
-                            else -np.inf for r in runs), float, len(runs))
+        rows = []
+        for r in runs:
+            run = r.run
+            job = run.job
+            est = job.runtime_estimate_s
+            ckpt = run.last_checkpoint_time
+            d = r.demand
+            rows.append((code[job.tenant], r.static_priority, r.gpus, run.start_time, job.attained_service_s,
+                         np.inf if est is None else est, -np.inf if ckpt is None else ckpt,
+                         run.terminating or not job.preemptible or now - run.start_time < job.min_runtime_s,
+                         d.gpu, d.cpu_milli, d.memory_mib))
+        a = np.asarray(rows, dtype=float).reshape(len(runs), 11)
+        self.tenant = a[:, 0].astype(np.int64)
+        self.static, self.gpus, self.start, self.attained, self.estimate = (a[:, k] for k in range(1, 6))
+        self.demand = a[:, 8:11]
         # GPU-seconds since the last checkpoint (or start): lost if stopped now
-        self.lost = self.gpus * np.maximum(0.0, now - np.maximum(self.start, ckpt))
-        self.protected = np.fromiter(
-            (r.run.terminating or not r.job.preemptible or now - r.run.start_time < r.job.min_runtime_s
-             for r in runs), bool, len(runs))
+        self.lost = self.gpus * np.maximum(0.0, now - np.maximum(self.start, a[:, 6]))
+        self.protected = a[:, 7] > 0
 
 
 class Cycle:

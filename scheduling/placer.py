@@ -45,21 +45,34 @@ class Placer:
         return m
 
     def fit_mask(self, st: ClusterState, task: TaskRequest, base: BoolArray) -> BoolArray:
-        m = base & (st.cpu_free >= task.cpu_milli) & (st.mem_free >= task.memory_mib)
+        """Nodes in ``base`` with room for one replica. The capacity part is cached per
+        task shape on the state and brought up to date for the nodes changed since."""
+        key = (task.gpu, task.gpu_memory_mib, task.gpu_compute_pct, task.mig_slices, task.cpu_milli,
+               task.memory_mib)
+        cache: dict[tuple[int, ...], list[object]] = st.cache.setdefault("fit", {})
+        ent = cache.get(key)
+        if ent is None:
+            mask = self._room(st, task, np.arange(self.table.n))
+            cache[key] = [mask, len(st.dirty)]
+        else:
+            mask, cursor = ent  # type: ignore[assignment]
+            rows, ent[1] = st.changed_since(cursor)  # type: ignore[arg-type]
+            if rows:
+                r = np.asarray(rows)
+                mask[r] = self._room(st, task, r)
+        return base & mask
+
+    def _room(self, st: ClusterState, task: TaskRequest, rows: IntArray) -> BoolArray:
+        m = (st.cpu_free[rows] >= task.cpu_milli) & (st.mem_free[rows] >= task.memory_mib)
         if task.gpu:
-            m &= st.idle >= task.gpu
-        elif task.shared or task.mig:
-            if task.shared:
-                rows = np.flatnonzero(m & (st.cmp_sum >= task.gpu_compute_pct))
-                ok = ((st.gmem_free[rows] >= task.gpu_memory_mib)
-                      & (st.gcmp_free[rows] >= task.gpu_compute_pct)
-                      & self.table.share_ok[rows]).any(axis=1)
-            else:
-                rows = np.flatnonzero(m)
-                ok = (st.mig_free[rows] >= task.mig_slices).any(axis=1)
-            m = np.zeros(self.table.n, dtype=bool)
-            m[rows[ok]] = True
-        return m
+            m &= st.idle[rows] >= task.gpu
+        elif task.shared:
+            m &= ((st.gmem_free[rows] >= task.gpu_memory_mib) & (st.gcmp_free[rows] >= task.gpu_compute_pct)
+                  & self.table.share_ok[rows]).any(axis=1)
+        elif task.mig:
+            m &= (st.mig_free[rows] >= task.mig_slices).any(axis=1)
+        out: BoolArray = m
+        return out
 
     # --- one replica -----------------------------------------------------------------
     def choose(self, p: Placing, base: BoolArray) -> tuple[int, tuple[GpuUse, ...]] | None:

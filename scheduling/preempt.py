@@ -59,9 +59,8 @@ class VictimIndex:
         self.cycle = cycle
         allocs = cycle.snapshot.allocations
         a_n = len(allocs)
-        index = cycle.table.index
-        self.node: IntArray = np.fromiter((index.get(a.node_id, -1) for a in allocs), np.int64, a_n)
-        self.gpu: FloatArray = np.fromiter((alloc_gpus(a) for a in allocs), float, a_n)
+        self.node: IntArray = cycle.alloc_node
+        self.gpu: FloatArray = cycle.alloc_gpu
         self.run: IntArray = np.full(a_n, -1, dtype=np.int64)
         for k, r in enumerate(cycle.running):
             self.run[r.allocs] = k

@@ -78,6 +78,7 @@ class Scheduler:
         self.elastic: ElasticArgs | None = el.args if el is not None else None  # type: ignore[assignment]
         self._table: NodeTable | None = None
         self._base: tuple[NodeTable, dict[int, Allocation], ClusterState] | None = None
+        self._meta: dict[int, tuple[int, float]] = {}  # id(allocation) -> (node index, GPUs)
         self._infos: dict[int, tuple[JobRequest, JobInfo]] = {}
         self._shapes: dict[tuple[object, ...], int] = {}
         self._statics: dict[int, tuple[JobRequest, float]] = {}  # job shapes, interned for the fit memo
@@ -130,25 +131,38 @@ class Scheduler:
             self._statics[id(r.job)] = (r.job, sp)
             run_by_id[r.job.job_id] = RunningInfo(r, static_priority=sp)
         usage: dict[str, list[float]] = {}
+        meta = self._meta
+        nodes = np.empty(len(snapshot.allocations), dtype=np.int64)
+        gpus = np.empty(len(snapshot.allocations))
+        demand: dict[str, list[float]] = {}
         for k, a in enumerate(snapshot.allocations):
+            i, g = meta[id(a)]
+            nodes[k] = i
+            gpus[k] = g
             ri = run_by_id.get(a.job_id)
             if ri is None:
                 continue
-            g = alloc_gpus(a)
             ri.allocs.append(k)
-            ri.gpus += g
-            u = usage.setdefault(ri.job.tenant, [0.0, 0.0, 0.0])
-            u[0] += g
-            u[1] += a.cpu_milli
-            u[2] += a.memory_mib
+            d = demand.get(a.job_id)
+            if d is None:
+                d = demand[a.job_id] = [0.0, 0.0, 0.0]
+            d[0] += g
+            d[1] += a.cpu_milli
+            d[2] += a.memory_mib
+        cycle.alloc_node, cycle.alloc_gpu = nodes, gpus
         cycle.running = [r for r in run_by_id.values() if r.allocs]
-        cycle.running_by_id = {r.job.job_id: r for r in cycle.running}
-        cycle.usage = {t: Resources(*u) for t, u in usage.items()}
-        allocs = snapshot.allocations
+        cycle.running_by_id = {r.run.job.job_id: r for r in cycle.running}
         for ri in cycle.running:
-            cpu = sum(allocs[k].cpu_milli for k in ri.allocs)
-            mem = sum(allocs[k].memory_mib for k in ri.allocs)
-            ri.demand = Resources(ri.gpus, cpu, mem)
+            d = demand[ri.run.job.job_id]
+            ri.gpus = d[0]
+            ri.demand = Resources(*d)
+            u = usage.get(ri.run.job.tenant)
+            if u is None:
+                u = usage[ri.run.job.tenant] = [0.0, 0.0, 0.0]
+            u[0] += d[0]
+            u[1] += d[1]
+            u[2] += d[2]
+        cycle.usage = {t: Resources(*u) for t, u in usage.items()}
         for p in self.plugins:
             if p.name != "priority":
                 p.open(cycle)
@@ -163,10 +177,16 @@ class Scheduler:
             before = base[1]
             state = base[2].copy()
             state.apply([a for k, a in before.items() if k not in now], sign=-1)
-            state.apply([a for k, a in now.items() if k not in before])
+            added = [a for k, a in now.items() if k not in before]
+            state.apply(added)
+            meta = {k: v for k, v in self._meta.items() if k in now}
         else:
             state = ClusterState(table)
             state.apply(allocations)
+            added, meta = list(now.values()), {}
+        for a in added:  # node index and GPUs of each allocation, computed once
+            meta[id(a)] = (table.index.get(a.node_id, -1), alloc_gpus(a))
+        self._meta = meta
         self._base = (table, now, state.copy())  # keeps the objects alive, so ids stay unique
         return state
 
@@ -242,6 +262,9 @@ class _Run:
         self.victims: set[str] = set()
         self.failed: dict[tuple[object, ...], PendingReason] = {}
         self.reserve_tries = 0
+        self.masks_dirty = True
+        self.any_hard = self.any_soft = False
+        self.both = self.hard
         self.preempt_budget = sched.config.preemption.max_preemptors_per_cycle if (
             sched.config.preemption.enabled) else 0
 
@@ -268,11 +291,13 @@ class _Run:
 
     # --- phase 3: allocate ---------------------------------------------------------------
     def _block_for(self, info: JobInfo) -> tuple[BoolArray | None, bool]:
-        short = info.estimate is not None and self.cycle.now + info.estimate <= self.shadow
-        use_soft = bool(self.soft.any()) and not short
-        if use_soft:
-            return (self.hard | self.soft), True
-        return (self.hard if self.hard.any() else None), False
+        if self.masks_dirty:
+            self.any_hard, self.any_soft = bool(self.hard.any()), bool(self.soft.any())
+            self.both = self.hard | self.soft
+            self.masks_dirty = False
+        if self.any_soft and not (info.estimate is not None and self.cycle.now + info.estimate <= self.shadow):
+            return self.both, True
+        return (self.hard if self.any_hard else None), False
 
     def _allocate(self, info: JobInfo) -> PendingReason | None:
         cycle = self.cycle
@@ -369,6 +394,7 @@ class _Run:
             self._emit(info, chosen)
         for b in binds:
             self.hard[self.cycle.table.index[b.node_id]] = True
+        self.masks_dirty = True
         self._account(info.job.tenant, _demand(binds))  # its quota is held while it waits
         return True
 
@@ -414,6 +440,7 @@ class _Run:
         idx = self.cycle.table.index
         for nid in res.node_ids:
             self.soft[idx[nid]] = True
+        self.masks_dirty = True
 
     # --- phase 4: elastic growth -------------------------------------------------------------
     def _grow(self) -> None:
@@ -421,7 +448,8 @@ class _Run:
         allocs = cycle.snapshot.allocations
         block = self.hard | self.soft
         runs = sorted((r for r in cycle.running
-                       if not r.run.terminating and r.job.job_id not in self.victims),
+                       if any(t.elastic for t in r.run.job.tasks)
+                       and not r.run.terminating and r.job.job_id not in self.victims),
                       key=lambda r: (-r.static_priority, r.run.start_time, r.job.job_id))
         for r in runs:
             job = r.job

@@ -62,11 +62,16 @@ class NodeTable:
                 self.gmodel[i, j] = models.setdefault(s.model, len(models))
         self.models = list(models)
         self.gpu_index = [[s.index for s in x.gpus] for x in self.nodes]
+        # list mirrors for per-node Python work (faster than numpy on 8 elements)
+        self.gmem_total_l: list[list[int]] = self.gmem_total.tolist()
+        self.share_ok_l: list[list[bool]] = None  # type: ignore[assignment]  # set below
+        self.nvlink_l: list[list[int]] = self.nvlink.tolist()
         self.col_of = [{s.index: j for j, s in enumerate(x.gpus)} for x in self.nodes]
         # usable for whole GPUs and shares: present, healthy, not in MIG mode
         self.share_ok = self.exists & self.healthy & (self.mig_total == 0)
         self.mig_ok = self.exists & self.healthy & (self.mig_total > 0)
         self.gpu_count = self.share_ok.sum(axis=1).astype(np.int64)
+        self.share_ok_l = self.share_ok.tolist()
         # NVLink domains as one-hot columns, for "idle GPUs inside one domain" per node
         self.domains = sorted(set(self.nvlink[self.exists].tolist())) or [0]
         self.multi_domain = bool(
@@ -111,7 +116,8 @@ class ClusterState:
         self.log: list[_Change] = []
         self.tracking = False
         self.depth = 0
-        self.cache: dict[str, Any] = {}  # per-state scratch of plugins (FGD's state ids)
+        self.dirty: list[int] = []  # nodes changed, in order: caches catch up from here
+        self.cache: dict[str, Any] = {}  # per-state scratch (fit masks, FGD's state ids)
         if t.multi_domain:
             self.refresh()
 
@@ -124,6 +130,7 @@ class ClusterState:
         c.log = []
         c.tracking = False
         c.depth = 0
+        c.dirty = []
         c.cache = {}
         return c
 
@@ -191,34 +198,46 @@ class ClusterState:
             self.dom_idle[sl] = self.idle[sl]
         self.cmp_sum[sl] = self.gcmp_free[sl].sum(axis=1)
         self.stamp[sl] += 1
+        self.dirty.extend(range(t.n) if rows is None else rows.tolist())
 
     # --- one task at a time, undo-logged ------------------------------------------
     def take(self, i: int, cpu: int, mem: int, uses: tuple[GpuUse, ...], sign: int = 1) -> None:
         t = self.t
-        self.cpu_free[i] -= sign * cpu
-        self.mem_free[i] -= sign * mem
-        cols = t.col_of[i]
-        for u in uses:
-            j = cols[u.index]
-            if u.mig_slices:
-                self.mig_free[i, j] -= sign * u.mig_slices
-            elif u.whole:
-                self.gmem_free[i, j] -= sign * int(t.gmem_total[i, j])
-                self.gcmp_free[i, j] -= sign * 100
-            else:
-                self.gmem_free[i, j] -= sign * u.memory_mib
-                self.gcmp_free[i, j] -= sign * u.compute_pct
+        if cpu:
+            self.cpu_free[i] -= sign * cpu
+        if mem:
+            self.mem_free[i] -= sign * mem
         if uses:
-            gm, gc, tot, ok = self.gmem_free[i], self.gcmp_free[i], t.gmem_total[i], t.share_ok[i]
-            whole = (gc >= 100) & (gm >= tot) & ok
-            self.idle[i] = n_idle = int(whole.sum())
+            cols = t.col_of[i]
+            tot = t.gmem_total_l[i]
+            gm_row, gc_row = self.gmem_free[i], self.gcmp_free[i]
+            gm, gc = gm_row.tolist(), gc_row.tolist()
+            for u in uses:
+                j = cols[u.index]
+                if u.mig_slices:
+                    self.mig_free[i, j] -= sign * u.mig_slices
+                elif u.whole:
+                    gm[j] -= sign * tot[j]
+                    gc[j] -= sign * 100
+                else:
+                    gm[j] -= sign * u.memory_mib
+                    gc[j] -= sign * u.compute_pct
+            gm_row[:] = gm
+            gc_row[:] = gc
+            ok = t.share_ok_l[i]
+            whole = [gc[j] >= 100 and gm[j] >= tot[j] and ok[j] for j in range(len(gm))]
+            self.idle[i] = n_idle = sum(whole)
             if t.multi_domain:
-                dom = t.nvlink[i]
-                self.dom_idle[i] = max(int((whole & (dom == d)).sum()) for d in t.domains)
+                per: dict[int, int] = {}
+                for d, w in zip(t.nvlink_l[i], whole, strict=True):
+                    if w:
+                        per[d] = per.get(d, 0) + 1
+                self.dom_idle[i] = max(per.values(), default=0)
             else:
                 self.dom_idle[i] = n_idle
-            self.cmp_sum[i] = int(gc.sum())
+            self.cmp_sum[i] = sum(gc)
         self.stamp[i] += 1
+        self.dirty.append(i)
         if self.tracking:
             self.log.append(_Change(i, cpu, mem, uses, sign))
 
@@ -248,6 +267,13 @@ class ClusterState:
             self.log.clear()
 
     # --- questions -------------------------------------------------------------------
+    def changed_since(self, cursor: int) -> tuple[list[int], int]:
+        """Nodes changed after ``cursor`` (a position in ``dirty``), and the new cursor."""
+        n = len(self.dirty)
+        if cursor >= n:
+            return [], n
+        return sorted(set(self.dirty[cursor:])), n
+
     def gpu_rows(self, i: int) -> tuple[list[int], list[int], list[int]]:
         """Free memory, free compute and total memory of node ``i``'s GPU columns."""
         return (self.gmem_free[i].tolist(), self.gcmp_free[i].tolist(),

@@ -218,16 +218,20 @@ class Fgd(Plugin):
         return (t.gpu, t.gpu_memory_mib, t.gpu_compute_pct, t.cpu_milli, t.memory_mib, allowed), allowed
 
     def _state_ids(self, st: ClusterState, cand: IntArray) -> IntArray:
-        kid, kst = st.cache.get("fgd", (None, None))
-        if kid is None or kst is None:
-            kid = np.full(st.t.n, -1, dtype=np.int64)
-            kst = np.full(st.t.n, -1, dtype=np.int64)
-            st.cache["fgd"] = (kid, kst)
-        stale = cand[kst[cand] != st.stamp[cand]]
-        for i in stale.tolist():
-            kid[i] = self.node_key(st, i)
-            kst[i] = st.stamp[i]
+        """Interned state of each candidate node, kept on the state, caught up with the
+        nodes changed since the last call."""
+        ent = st.cache.get("fgd")
+        if ent is None or ent[0] is not self.keys:
+            ent = st.cache["fgd"] = [self.keys, np.full(st.t.n, -1, dtype=np.int64), len(st.dirty)]
+        kid = ent[1]
+        rows, ent[2] = st.changed_since(ent[2])
+        for i in rows:
+            kid[i] = -1
         ids: IntArray = kid[cand]
+        if (ids < 0).any():
+            for j in np.flatnonzero(ids < 0).tolist():
+                i = int(cand[j])
+                kid[i] = ids[j] = self.node_key(st, i)
         return ids
 
     def score(self, cycle: Cycle, p: Placing, cand: IntArray) -> FloatArray | None:

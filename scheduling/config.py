@@ -34,7 +34,7 @@ class PreemptionSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     enabled: bool = True
     max_preemptors_per_cycle: int = Field(8, ge=0, description="blocked jobs that may preempt")
-    candidate_nodes: int = Field(16, ge=1, description="nodes examined per replica for victims")
+    candidate_nodes: int = Field(8, ge=1, description="nodes examined per replica for victims")
 
 
 def _spec(name: str, weight: float = 1.0, **args: Any) -> PluginSpec:

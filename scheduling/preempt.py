@@ -128,13 +128,15 @@ class VictimIndex:
         return out
 
 
-def release(st: ClusterState, cycle: Cycle, unit: Unit, gone: BoolArray) -> list[int]:
-    """Give back the unit's allocations not already gone; returns those it released."""
+def release(st: ClusterState, cycle: Cycle, unit: Unit, gone: BoolArray, node: int = -1,
+            where: IntArray | None = None) -> list[int]:
+    """Give back the unit's allocations not already gone (only those on ``node`` when it
+    is given: enough to test a fit there); returns those it released."""
     index = cycle.table.index
     allocs = cycle.snapshot.allocations
     out = []
     for k in unit.allocs:
-        if gone[k]:
+        if gone[k] or (where is not None and where[k] != node):
             continue
         a = allocs[k]
         i = index.get(a.node_id)
@@ -223,7 +225,7 @@ def _with_victims(placer: Placer, p: Placing, base: BoolArray, vix: VictimIndex,
         trial: list[int] = []
         fits = False
         for u in vix.units_on(i, whole & ~gone, shrink & ~gone):
-            trial += release(st, placer.cycle, u, gone)
+            trial += release(st, placer.cycle, u, gone, i, vix.node)  # the fit test is node-local
             used.append(u)
             if _fits(placer, p, i):
                 fits = True

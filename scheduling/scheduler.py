@@ -262,6 +262,7 @@ class _Run:
         self.victims: set[str] = set()
         self.failed: dict[tuple[object, ...], PendingReason] = {}
         self.reserve_tries = 0
+        self.no_victims: set[tuple[object, ...]] = set()
         self.masks_dirty = True
         self.any_hard = self.any_soft = False
         self.both = self.hard
@@ -316,8 +317,13 @@ class _Run:
             reason = self._why(info, block, placed)
             self.failed[key] = reason
         if reason in _CAPACITY:
-            if self.preempt_budget > 0 and self._preempt(info, block):
-                return PendingReason.PREEMPTING
+            # a failed attempt is remembered per shape, priority and tenant: victims only
+            # get scarcer during the cycle, so the same ask would fail again
+            pkey = (info.shape, info.static_priority, info.job.tenant, soft)
+            if self.preempt_budget > 0 and pkey not in self.no_victims:
+                if self._preempt(info, block):
+                    return PendingReason.PREEMPTING
+                self.no_victims.add(pkey)
             if self.s.backfill is not None and self.reserve_tries < self.s.backfill.depth:
                 self.reserve_tries += 1  # EASY: only the head job(s), found or not
                 self._reserve(info)

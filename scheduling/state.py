@@ -112,7 +112,6 @@ class ClusterState:
         self.idle = t.gpu_count.copy()  # whole GPUs wholly free
         self.dom_idle = t.gpu_count.copy()  # most wholly free GPUs inside one NVLink domain
         self.cmp_sum = self.gcmp_free.sum(axis=1)  # free compute percent over the node
-        self.stamp = np.zeros(t.n, dtype=np.int64)  # bumped on every change of a node
         self.log: list[_Change] = []
         self.tracking = False
         self.depth = 0
@@ -125,7 +124,7 @@ class ClusterState:
         c = ClusterState.__new__(ClusterState)
         c.t = self.t
         for name in ("cpu_free", "mem_free", "gmem_free", "gcmp_free", "mig_free", "idle",
-                     "dom_idle", "cmp_sum", "stamp"):
+                     "dom_idle", "cmp_sum"):
             setattr(c, name, getattr(self, name).copy())
         c.log = []
         c.tracking = False
@@ -197,7 +196,6 @@ class ClusterState:
         else:
             self.dom_idle[sl] = self.idle[sl]
         self.cmp_sum[sl] = self.gcmp_free[sl].sum(axis=1)
-        self.stamp[sl] += 1
         self.dirty.extend(range(t.n) if rows is None else rows.tolist())
 
     # --- one task at a time, undo-logged ------------------------------------------
@@ -236,7 +234,6 @@ class ClusterState:
             else:
                 self.dom_idle[i] = n_idle
             self.cmp_sum[i] = sum(gc)
-        self.stamp[i] += 1
         self.dirty.append(i)
         if self.tracking:
             self.log.append(_Change(i, cpu, mem, uses, sign))

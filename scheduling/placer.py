@@ -172,12 +172,19 @@ class Placer:
 
         Returns (binds, 0) on success, else (None, how many replicas had been placed).
         """
+        remaining = sum(t.replicas for t in info.tasks)
+        strict = need >= remaining
+        if strict:
+            # A necessary condition first: a gang that cannot fit is not placed and undone.
+            for t in info.tasks:
+                if t.gpu and t.replicas > 1:
+                    room = int((st.idle // t.gpu).sum())
+                    if room < t.replicas:
+                        return None, room
         mark = st.mark()
         binds: list[Bind] = []
         nodes = list(prefix.nodes) if prefix else []
         roles = list(prefix.roles) if prefix else []
-        remaining = sum(t.replicas for t in info.tasks)
-        strict = need >= remaining
         node_ids = self.table.node_ids
         for task in info.tasks:
             base = self.static_mask(info, task)

@@ -98,8 +98,8 @@ class VictimIndex:
                 reasons.append(why)
                 elig |= mask
         elig &= ~self.rt.protected & ~self.taken
-        has_run = self.run >= 0
-        run = np.where(has_run, self.run, 0)
+        has_run = (self.run >= 0) & (self.node >= 0)  # ignore allocations on unknown nodes
+        run = np.where(self.run >= 0, self.run, 0)
         whole = has_run & elig[run] & ~self.gone
         shrink = (self.excess & ~self.gone & has_run & ~self.rt.protected[run] & ~self.taken[run]
                   & (self.rt.static[run] <= info.static_priority))

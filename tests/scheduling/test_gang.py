@@ -55,3 +55,11 @@ def test_snapshot_positional_constructor_and_first_fit_still_work() -> None:
     assert [b.task_id for b in plan.binds] == ["w-0", "w-1"]
     assert plan.pending == {"b": PendingReason.NO_FIT}
     assert Scheduler().schedule(snap).pending == {"b": PendingReason.NO_FIT}
+
+
+def test_allocations_on_nodes_gone_from_the_inventory_are_ignored() -> None:
+    w = World(cluster(1), Scheduler())
+    w.start(job("ghost").klass("low").gpus(8), n9=list(range(8)))
+    w.start(job("low").klass("low").gpus(8), n0=list(range(8)))
+    plan = w.submit(job("hi").klass("high").gpus(8)).step()
+    assert [p.job_id for p in plan.preemptions] == ["low"]

@@ -64,14 +64,13 @@ class NodeTable:
         self.gpu_index = [[s.index for s in x.gpus] for x in self.nodes]
         # list mirrors for per-node Python work (faster than numpy on 8 elements)
         self.gmem_total_l: list[list[int]] = self.gmem_total.tolist()
-        self.share_ok_l: list[list[bool]] = None  # type: ignore[assignment]  # set below
         self.nvlink_l: list[list[int]] = self.nvlink.tolist()
         self.col_of = [{s.index: j for j, s in enumerate(x.gpus)} for x in self.nodes]
         # usable for whole GPUs and shares: present, healthy, not in MIG mode
         self.share_ok = self.exists & self.healthy & (self.mig_total == 0)
         self.mig_ok = self.exists & self.healthy & (self.mig_total > 0)
         self.gpu_count = self.share_ok.sum(axis=1).astype(np.int64)
-        self.share_ok_l = self.share_ok.tolist()
+        self.share_ok_l: list[list[bool]] = self.share_ok.tolist()
         # NVLink domains as one-hot columns, for "idle GPUs inside one domain" per node
         self.domains = sorted(set(self.nvlink[self.exists].tolist())) or [0]
         self.multi_domain = bool(

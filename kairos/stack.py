@@ -44,6 +44,8 @@ class Stack:
     kafka_bootstrap: str | None = None
     database_url: str | None = None
     token: str | None = None
+    # an embedded broker gets small topics: Tansu spends CPU per partition on every fetch
+    embedded_partitions: int = 4
     env: dict[str, str] = field(default_factory=dict)
     procs: list[Proc] = field(default_factory=list)
     _broker: EmbeddedBroker | None = None
@@ -77,7 +79,8 @@ class Stack:
     async def _prepare(self) -> None:
         assert self.kafka_bootstrap and self.database_url
         await wait_for_broker(self.kafka_bootstrap)
-        await ensure_topics(self.kafka_bootstrap)
+        await ensure_topics(self.kafka_bootstrap,
+                            max_partitions=self.embedded_partitions if self._broker else None)
         await create_database(self.database_url)
         engine = make_engine(self.database_url, pool_size=1)
         try:

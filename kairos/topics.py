@@ -9,7 +9,7 @@ from shared.config import CommonSettings
 async def _main() -> None:
     s = CommonSettings()
     await wait_for_broker(s.kafka_bootstrap)
-    await ensure_topics(s.kafka_bootstrap)
+    await ensure_topics(s.kafka_bootstrap, max_partitions=s.topic_partitions_max)
 
 
 if __name__ == "__main__":

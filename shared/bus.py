@@ -26,31 +26,30 @@ from shared.config import CommonSettings
 from shared.errors import NonRetryable
 from shared.events import DeadLetter, Envelope, Event
 from shared.logging import get_logger
-from shared.topics import ALL_TOPICS, BY_NAME, DEAD_LETTER, Topic, topic_for
+from shared.topics import ALL_TOPICS, DEAD_LETTER, Topic, topic_for
 
 log = get_logger(__name__)
 
 
-def partition_for(topic: str, key: str, partitions: int | None = None) -> int:
-    """Kafka's default partitioner (murmur2), so producers and manual assigners agree."""
-    n = partitions or BY_NAME[topic].partitions
-    return (murmur2(key.encode()) & 0x7FFFFFFF) % n
+def partition_for(key: str, partitions: int) -> int:
+    """Kafka's default partitioner (murmur2, as the producer uses), so a manual assigner
+    knows which partition a key's messages land in."""
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
 
 
-def _partition(topic: str, key: str) -> int | None:
-    """Registry topics get an explicit partition; others (tests, tools) the client's."""
-    return partition_for(topic, key) if topic in BY_NAME else None
-
-
-async def ensure_topics(bootstrap: str, topics: Iterable[Topic] = ALL_TOPICS) -> None:
+async def ensure_topics(bootstrap: str, topics: Iterable[Topic] = ALL_TOPICS,
+                        max_partitions: int | None = None) -> None:
     """Create the registry's topics; an existing topic is fine (Tansu says nothing,
-    Apache Kafka raises TopicAlreadyExistsError)."""
+    Apache Kafka raises TopicAlreadyExistsError). ``max_partitions`` caps the counts for
+    a one-machine stack: every idle fetch costs the embedded broker CPU per partition.
+    Clients read the real count from the broker's metadata, never from the registry."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
         new = [
-            NewTopic(t.name, t.partitions, 1, topic_configs={"retention.ms": str(t.retention_ms)})
+            NewTopic(t.name, min(t.partitions, max_partitions or t.partitions), 1,
+                     topic_configs={"retention.ms": str(t.retention_ms)})
             for t in topics
             if t.name not in existing
         ]
@@ -105,22 +104,22 @@ class Producer:
         return env
 
     async def publish_envelope(self, env: Envelope, topic: str) -> None:
-        await self._producer.send_and_wait(
-            topic, env.encode(), key=env.key.encode(), partition=_partition(topic, env.key)
-        )
+        await self._producer.send_and_wait(topic, env.encode(), key=env.key.encode())
         metrics.PUBLISHED.labels(self.source, topic).inc()
 
     async def publish_many(self, items: Sequence[tuple[Envelope, str]]) -> None:
         """Send a batch and wait for every acknowledgement (order kept per partition)."""
         futures = [
-            await self._producer.send(
-                topic, env.encode(), key=env.key.encode(), partition=_partition(topic, env.key)
-            )
+            await self._producer.send(topic, env.encode(), key=env.key.encode())
             for env, topic in items
         ]
         await asyncio.gather(*futures)
         for _, topic in items:
             metrics.PUBLISHED.labels(self.source, topic).inc()
+
+    async def partition_count(self, topic: str) -> int:
+        """Partitions of ``topic`` as the broker has them."""
+        return len(await self._producer.partitions_for(topic))
 
     async def send_raw(self, topic: str, key: bytes | None, value: bytes) -> None:
         await self._producer.send_and_wait(topic, value, key=key)
@@ -154,6 +153,9 @@ class ConsumerOptions:
     assign: Sequence[TopicPartition] | None = None  # manual assignment, no group rebalance
     from_beginning: bool = True
     max_records: int = 500
+    # None = the service setting. Consumers off the submit->running path (monitor, read
+    # models) wait longer per fetch: an idle fetch costs the broker CPU.
+    fetch_max_wait_ms: int | None = None
 
 
 class Consumer:
@@ -185,7 +187,7 @@ class Consumer:
             group_id=options.group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest" if options.from_beginning else "latest",
-            fetch_max_wait_ms=settings.fetch_max_wait_ms,
+            fetch_max_wait_ms=options.fetch_max_wait_ms or settings.fetch_max_wait_ms,
             max_poll_records=options.max_records,
         )
         if options.assign is None:

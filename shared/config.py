@@ -17,11 +17,14 @@ class CommonSettings(BaseSettings):
     http_port: int = 8000
     log_level: str = "INFO"
     log_json: bool = True
-    # Consumer tuning: the default 500 ms fetch wait dominates end-to-end latency.
-    fetch_max_wait_ms: int = 5
+    # Consumer tuning: aiokafka's default 500 ms fetch wait dominates end-to-end latency,
+    # while 5 ms makes every idle consumer (and the broker) spin. Measured on Tansu:
+    # 20 ms gives p99 ~13 ms a hop at ~4% of a core per idle consumer.
+    fetch_max_wait_ms: int = 20
     session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 1_000
     rebalance_timeout_ms: int = 10_000
+    topic_partitions_max: int | None = None  # cap partitions when creating topics
     handler_retries: int = 3
     retry_backoff_s: float = 0.2
     dedupe_window: int = 100_000

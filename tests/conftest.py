@@ -35,7 +35,7 @@ def _system_pg_up() -> bool:
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     b = EmbeddedBroker(log_path=tmp_path_factory.mktemp("broker") / "tansu.log")
     bootstrap = b.start()
-    asyncio.run(ensure_topics(bootstrap))
+    asyncio.run(ensure_topics(bootstrap, max_partitions=4))
     yield bootstrap
     b.stop()
 

@@ -2,10 +2,12 @@
 
 
 import json
+import time
 from datetime import datetime
 from typing import Annotated, Any
 
 import yaml
+from prometheus_client import Counter, Histogram
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -20,6 +22,10 @@ from shared.http import ReadyCheck, add_ops_routes
 from shared.jobspec import JobSpec, parse_job_spec
 
 Caller = Annotated[Principal, Depends(authenticate)]
+HTTP_REQUESTS = Counter("kairos_http_requests_total", "HTTP requests served",
+                        ["route", "method", "status"])
+HTTP_SECONDS = Histogram("kairos_http_request_seconds", "HTTP request latency", ["route"],
+                         buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
 
 
 class HistoryEntry(BaseModel):
@@ -125,6 +131,16 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
     app.state.settings = settings
     app.state.engine = engine
     add_ops_routes(app, ready)
+
+    @app.middleware("http")
+    async def _measure(request: Request, call_next: Any) -> Any:
+        started = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        path = getattr(route, "path", "unmatched")
+        HTTP_SECONDS.labels(path).observe(time.perf_counter() - started)
+        HTTP_REQUESTS.labels(path, request.method, str(response.status_code)).inc()
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:

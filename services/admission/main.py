@@ -31,7 +31,8 @@ async def main(settings: AdmissionSettings | None = None) -> None:
 
     rt.add_consumer(Consumer(
         settings,
-        ConsumerOptions("admission", [JOBS_STATUS.name, BINDINGS.name, NODES_LIFECYCLE.name]),
+        ConsumerOptions("admission", [JOBS_STATUS.name, BINDINGS.name, NODES_LIFECYCLE.name],
+                        fetch_max_wait_ms=50),
         handle, rt.producer, batch_handler=handle_batch))
     relay = OutboxRelay(engine, rt.producer, settings.database_url,
                         timedelta(seconds=settings.outbox_replay_window_s))

@@ -155,7 +155,8 @@ async def main(settings: MonitorSettings | None = None) -> None:
                         reason=f"no heartbeat for {settings.lost_after_s:.0f}s"))
 
     rt.add_consumer(Consumer(
-        settings, ConsumerOptions("monitor", [t.name for t in ALL_TOPICS], from_beginning=True),
+        settings, ConsumerOptions("monitor", [t.name for t in ALL_TOPICS], from_beginning=True,
+                                  fetch_max_wait_ms=100),
         handle, rt.producer, on_batch_end=export))
     rt.add_loop(detect_lost)
     await rt.run(HttpServer(ops_app(rt.ready), settings.http_host, settings.http_port))

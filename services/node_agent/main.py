@@ -49,8 +49,10 @@ class AgentHost:
             if agent is not None:  # other nodes share our partitions
                 await agent.handle(event)
 
-    def partitions(self) -> list[TopicPartition]:
-        return sorted({TopicPartition(BINDINGS.name, partition_for(BINDINGS.name, n))
+    async def partitions(self) -> list[TopicPartition]:
+        """Only the bindings partitions our nodes' keys land in."""
+        count = await self.rt.producer.partition_count(BINDINGS.name)
+        return sorted({TopicPartition(BINDINGS.name, partition_for(n, count))
                        for n in self.agents}, key=lambda tp: tp.partition)
 
     def group_id(self) -> str:
@@ -86,7 +88,7 @@ async def main(settings: AgentSettings | None = None) -> None:
     host = AgentHost(settings, rt)
     consumer = Consumer(
         settings,
-        ConsumerOptions(host.group_id(), [BINDINGS.name], assign=host.partitions(),
+        ConsumerOptions(host.group_id(), [BINDINGS.name], assign=await host.partitions(),
                         from_beginning=False),
         host.handle, rt.producer)
     await consumer.start()  # positions fixed before the scheduler can see us

@@ -168,7 +168,7 @@ async def test_manual_assignment_reads_only_its_partition(broker: str,
     topic = await fresh_topic(broker, partitions=8)
     keys = [f"node-{i}" for i in range(20)]
     mine = "node-3"
-    part = partition_for(topic, mine, 8)
+    part = partition_for(mine, 8)
     got, handle = collector()
     consumer = Consumer(settings(broker), ConsumerOptions(
         "g-" + topic, [topic], assign=[TopicPartition(topic, part)], from_beginning=False),
@@ -176,9 +176,9 @@ async def test_manual_assignment_reads_only_its_partition(broker: str,
     await consumer.start()  # fixes the start position: later messages are not skipped
     for k in keys:
         env = Envelope.wrap(status(k), "test")
-        await producer._producer.send_and_wait(topic, env.encode(), key=k.encode(),
-                                               partition=partition_for(topic, k, 8))
-    expected = {k for k in keys if partition_for(topic, k, 8) == part}
+        await producer.publish_envelope(env.model_copy(update={"key": k}), topic)
+    expected = {k for k in keys if partition_for(k, 8) == part}
     await consume_until(consumer, lambda: {e.job_id for e in got} >= expected)  # type: ignore[attr-defined]
+    assert await producer.partition_count(topic) == 8
     assert {e.job_id for e in got} == expected  # type: ignore[attr-defined]
     assert mine in expected and len(expected) < len(keys)

@@ -49,7 +49,7 @@ def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     s = sorted(values)
-    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))]
 
 
 class TopicTail:
@@ -63,7 +63,7 @@ class TopicTail:
     async def start(self) -> None:
         self._consumer = AIOKafkaConsumer(
             "jobs.status", bootstrap_servers=self.bootstrap, auto_offset_reset="latest",
-            fetch_max_wait_ms=5, max_poll_records=2000)
+            fetch_max_wait_ms=20, max_poll_records=2000)
         await self._consumer.start()
         while not self._consumer.assignment():
             await asyncio.sleep(0.05)
@@ -125,39 +125,49 @@ async def drive(stack: Stack, rate: float, seconds: float) -> dict[str, float]:
     return {"accepted": accepted, "errors": errors, "elapsed": elapsed}  # type: ignore[dict-item]
 
 
-def cpu_by_part(stack: Stack) -> dict[str, float]:
-    """CPU seconds used so far by each service, the broker and PostgreSQL."""
+def cpu_by_process(stack: Stack) -> dict[int, tuple[str, float]]:
+    """CPU seconds used so far by each process of the platform: every service, the
+    broker, PostgreSQL's processes, and this benchmark client."""
     import psutil
 
-    out: dict[str, float] = defaultdict(float)
-    for p in stack.procs:
-        try:
-            t = psutil.Process(p.popen.pid).cpu_times()
-            out[p.name.split("#")[0]] += t.user + t.system
-        except psutil.Error:
-            pass
-    for proc in psutil.process_iter(["name", "username", "cmdline"]):
+    parts = {p.popen.pid: p.name.split("#")[0] for p in stack.procs}
+    out: dict[int, tuple[str, float]] = {}
+    for proc in psutil.process_iter(["pid", "username", "cmdline"]):
         try:
             cmd = " ".join(proc.info["cmdline"] or [])
-            if "tansu" in cmd and "broker" in cmd:
+            if proc.info["pid"] in parts:
+                part = parts[proc.info["pid"]]
+            elif "tansu" in cmd and "broker" in cmd:
                 part = "broker"
             elif proc.info["username"] == "pgserver":
                 part = "postgresql"
+            elif proc.info["pid"] == os.getpid():
+                part = "bench client"
             else:
                 continue
             t = proc.cpu_times()
-            out[part] += t.user + t.system
+            out[proc.info["pid"]] = (part, t.user + t.system)
         except psutil.Error:
             pass
-    out["bench client"] = sum(psutil.Process().cpu_times()[:2])
-    return dict(out)
+    return out
+
+
+def cpu_ms_per_job(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
+                   jobs: int) -> dict[str, float]:
+    """Per part, CPU spent between the two readings by processes alive at both (a
+    PostgreSQL backend that came and went in between is not counted)."""
+    spent: dict[str, float] = defaultdict(float)
+    for pid, (part, t1) in after.items():
+        if pid in before:
+            spent[part] += t1 - before[pid][1]
+    return {k: round(v * 1000 / max(1, jobs), 2) for k, v in sorted(spent.items())}
 
 
 async def measure_rate(stack: Stack, rate: float, seconds: float,
                        drain_s: float = 30) -> dict[str, Any]:
     tail = TopicTail(stack.kafka_bootstrap or "")
     await tail.start()
-    cpu0 = cpu_by_part(stack)
+    cpu0 = cpu_by_process(stack)
     run = await drive(stack, rate, seconds)
     accepted: dict[str, float] = run["accepted"]  # type: ignore[assignment]
     deadline = time.monotonic() + drain_s
@@ -168,9 +178,7 @@ async def measure_rate(stack: Stack, rate: float, seconds: float,
             break
         await asyncio.sleep(0.5)
     await tail.stop()
-    cpu1 = cpu_by_part(stack)
-    n_jobs = max(1, len(run["accepted"]))  # type: ignore[arg-type]
-    cpu_ms_per_job = {k: round((cpu1[k] - cpu0.get(k, 0)) * 1000 / n_jobs, 2) for k in cpu1}
+    cpu = cpu_ms_per_job(cpu0, cpu_by_process(stack), len(run["accepted"]))  # type: ignore[arg-type]
     bound, running, phases = [], [], defaultdict(list)
     lost = 0
     for job, t201 in accepted.items():
@@ -200,7 +208,7 @@ async def measure_rate(stack: Stack, rate: float, seconds: float,
         "p99_running_ms": round(pct(running, 99), 1),
         "phases_p50_ms": {k: round(statistics.median(v), 1) for k, v in phases.items()},
         "phases_p99_ms": {k: round(pct(v, 99), 1) for k, v in phases.items()},
-        "cpu_ms_per_job": cpu_ms_per_job,
+        "cpu_ms_per_job": cpu,
     }
 
 
@@ -212,7 +220,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 async def relay(bs, src, dst):
     c = AIOKafkaConsumer(src, bootstrap_servers=bs, group_id="floor-" + src,
                          enable_auto_commit=False, auto_offset_reset="latest",
-                         fetch_max_wait_ms=5, session_timeout_ms=10000,
+                         fetch_max_wait_ms=20, session_timeout_ms=10000,
                          heartbeat_interval_ms=1000)
     p = AIOKafkaProducer(bootstrap_servers=bs, linger_ms=0)
     await c.start(); await p.start()
@@ -240,7 +248,7 @@ async def floor(bootstrap: str, rate: float, seconds: float) -> dict[str, float]
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
         sink = AIOKafkaConsumer(f"{prefix}.4", bootstrap_servers=bootstrap,
-                                auto_offset_reset="latest", fetch_max_wait_ms=5)
+                                auto_offset_reset="latest", fetch_max_wait_ms=20)
         await sink.start()
         while not sink.assignment():
             await asyncio.sleep(0.05)

@@ -7,7 +7,6 @@ on a Unix socket in its data directory.
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess

@@ -21,7 +21,7 @@ import httpx
 
 from kairos.embedded import EmbeddedBroker, EmbeddedPostgres, free_port
 from shared.bus import ensure_topics, wait_for_broker
-from shared.db import create_database, make_engine, migrate, wait_for_database
+from shared.db import prepare_database
 
 SERVICES = ("admission", "queueing", "scheduler", "monitor")
 
@@ -81,13 +81,7 @@ class Stack:
         await wait_for_broker(self.kafka_bootstrap)
         await ensure_topics(self.kafka_bootstrap,
                             max_partitions=self.embedded_partitions if self._broker else None)
-        await create_database(self.database_url)
-        engine = make_engine(self.database_url, pool_size=1)
-        try:
-            await wait_for_database(engine)
-            await migrate(engine)
-        finally:
-            await engine.dispose()
+        await prepare_database(self.database_url)
 
     def service_env(self, name: str, port: int, extra: dict[str, str] | None = None
                     ) -> dict[str, str]:

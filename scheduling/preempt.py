@@ -99,10 +99,17 @@ class VictimIndex:
                 elig |= mask
         elig &= ~self.rt.protected & ~self.taken
         has_run = (self.run >= 0) & (self.node >= 0)  # ignore allocations on unknown nodes
-        run = np.where(self.run >= 0, self.run, 0)
-        whole = has_run & elig[run] & ~self.gone
-        shrink = (self.excess & ~self.gone & has_run & ~self.rt.protected[run] & ~self.taken[run]
-                  & (self.rt.static[run] <= info.static_priority))
+        # allocations of no known running job index one padding slot (never a victim), so
+        # the lookups below also hold when the snapshot lists no running jobs at all
+        run = np.where(self.run >= 0, self.run, n_run)
+
+        def padded(a: BoolArray, fill: bool) -> BoolArray:
+            return np.append(a, fill)
+
+        whole = has_run & padded(elig, False)[run] & ~self.gone
+        static = np.append(self.rt.static, np.inf)
+        shrink = (self.excess & ~self.gone & has_run & ~padded(self.rt.protected, True)[run]
+                  & ~padded(self.taken, True)[run] & (static[run] <= info.static_priority))
         self._reason_of = reason_of
         self._reasons = reasons
         return whole, shrink, [reasons[k] if k >= 0 else PreemptReason.PRIORITY for k in reason_of.tolist()]

@@ -34,7 +34,7 @@ log = get_logger(__name__)
 def partition_for(key: str, partitions: int) -> int:
     """Kafka's default partitioner (murmur2, as the producer uses), so a manual assigner
     knows which partition a key's messages land in."""
-    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+    return int(murmur2(key.encode()) & 0x7FFFFFFF) % partitions
 
 
 async def ensure_topics(bootstrap: str, topics: Iterable[Topic] = ALL_TOPICS,
@@ -240,7 +240,7 @@ class Consumer:
             await self._report_lag()
 
     async def _report_lag(self, every_s: float = 1.0) -> None:
-        """Lag per partition: highwater − position. The highwater comes with fetches; a
+        """Lag per partition: highwater - position. The highwater comes with fetches; a
         partition that has not returned data yet is asked for its end offset instead."""
         now = time.monotonic()
         if now - self._lag_at < every_s:

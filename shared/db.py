@@ -74,3 +74,14 @@ async def create_database(url: str) -> None:
                 await conn.execute(text(f'CREATE DATABASE "{u.database}"'))
     finally:
         await admin.dispose()
+
+
+async def prepare_database(url: str) -> None:
+    """Create the database if needed, wait for it, and migrate it to head."""
+    await create_database(url)
+    engine = make_engine(url, pool_size=1)
+    try:
+        await wait_for_database(engine)
+        await migrate(engine)
+    finally:
+        await engine.dispose()

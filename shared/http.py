@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 
 import uvicorn
@@ -42,7 +43,8 @@ class HttpServer:
         config = uvicorn.Config(app, host=host, port=port, log_level="warning",
                                 access_log=False, lifespan="off")
         self._server = uvicorn.Server(config)
-        self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        # the service owns SIGINT/SIGTERM (ServiceRuntime.run); uvicorn must not take them
+        self._server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from sqlalchemy import text
@@ -40,7 +40,7 @@ class ServiceRuntime:
             make_engine(settings.database_url, pool_size=5) if use_db else None
         )
         self.consumers: list[Consumer] = []
-        self._loops: list[Callable[[], Awaitable[Any]]] = []
+        self._loops: list[Callable[[], Coroutine[Any, Any, Any]]] = []
         self._tasks: list[asyncio.Task[Any]] = []
         self.http: HttpServer | None = None
         self.stopping = asyncio.Event()
@@ -48,7 +48,7 @@ class ServiceRuntime:
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.append(consumer)
 
-    def add_loop(self, loop: Callable[[], Awaitable[Any]]) -> None:
+    def add_loop(self, loop: Callable[[], Coroutine[Any, Any, Any]]) -> None:
         self._loops.append(loop)
 
     async def ready(self) -> dict[str, bool]:
@@ -93,19 +93,24 @@ class ServiceRuntime:
                 log.error("a service loop died", error=repr(t.exception()))
         await self.shutdown()
 
-    async def shutdown(self) -> None:
+    async def shutdown(self, step_timeout_s: float = 5.0) -> None:
+        """Stop loops, consumers, HTTP, producer and database in turn. Each step is
+        bounded, so a broker or database that is already gone cannot hang the exit."""
         self.stopping.set()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        for consumer in self.consumers:
-            with contextlib.suppress(Exception):
-                await consumer.stop()
+                await asyncio.wait_for(t, step_timeout_s)
+        steps: list[Awaitable[Any]] = [c.stop() for c in self.consumers]
         if self.http is not None:
-            await self.http.stop()
-        await self.producer.stop()
+            steps.append(self.http.stop())
+        steps.append(self.producer.stop())
         if self.engine is not None:
-            await self.engine.dispose()
+            steps.append(self.engine.dispose())
+        for step in steps:
+            try:
+                await asyncio.wait_for(step, step_timeout_s)
+            except (TimeoutError, Exception) as exc:
+                log.warning("shutdown step did not finish cleanly", error=repr(exc))
         log.info("service stopped")

@@ -7,10 +7,10 @@ from datetime import datetime
 from typing import Annotated, Any
 
 import yaml
-from prometheus_client import Counter, Histogram
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from prometheus_client import Counter, Histogram
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 

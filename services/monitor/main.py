@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import UTC, datetime
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from prometheus_client import Counter, Gauge
 

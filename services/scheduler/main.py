@@ -7,12 +7,13 @@ import json
 import socket
 import time
 import uuid
+from pathlib import Path
 
 from prometheus_client import Counter, Gauge, Histogram
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from scheduling import first_fit
+from scheduling import Scheduler, SchedulerConfig
 from services.scheduler.leader import LeaderLease
 from services.scheduler.state import TERMINAL, NodeView, Output, SchedulerState
 from shared.bus import Consumer, ConsumerOptions
@@ -37,6 +38,18 @@ EPOCH = Gauge("kairos_scheduler_epoch", "The fencing epoch of this leader")
 class SchedulerSettings(CommonSettings):
     service_name: str = "scheduler"
     http_port: int = 8002
+    policy_file: str = ""  # a SchedulerConfig YAML; empty = the preset below
+    policy: str = "default"  # a preset of scheduling.SchedulerConfig
+
+
+def load_placer(settings: SchedulerSettings) -> Scheduler:
+    """The scheduling core with the configured policy; a bad file fails the start with
+    every error and its field path."""
+    if settings.policy_file:
+        config = SchedulerConfig.from_yaml(Path(settings.policy_file).read_text())
+    else:
+        config = SchedulerConfig.preset(settings.policy)
+    return Scheduler(config)
 
 
 class SchedulerService:
@@ -128,7 +141,7 @@ async def main(settings: SchedulerSettings | None = None) -> None:
     epoch = await lease.acquire()
     IS_LEADER.set(1)
     EPOCH.set(epoch)
-    svc = SchedulerService(rt, rt.engine, SchedulerState(epoch, first_fit))
+    svc = SchedulerService(rt, rt.engine, SchedulerState(epoch, load_placer(settings).schedule))
     await svc.load()
     svc.state.republish(svc.out)
     await svc.flush()

@@ -8,10 +8,20 @@ placement decision itself comes from the scheduling core (``scheduling``), calle
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from scheduling import Allocation, GpuSlot, GpuUse, JobRequest, Node, Plan, Snapshot, TaskRequest
+from scheduling import (
+    Allocation,
+    GpuSlot,
+    GpuUse,
+    JobRequest,
+    Node,
+    Plan,
+    RunningJob,
+    Snapshot,
+    TaskRequest,
+)
 from shared.events import (
     Binding,
     BindingAction,
@@ -72,6 +82,8 @@ class SchedJob:
     seq: int  # arrival order, for FIFO among pending jobs
     placed: list[Placed] = field(default_factory=list)  # includes tasks of older attempts
     cancel_requested: bool = False
+    bound_at: float | None = None  # when the current attempt was placed (scheduler clock)
+    preempted_by: str = ""  # set while its tasks are asked to stop for another job
 
     def live(self) -> Iterator[Placed]:
         return (p for p in self.placed if p.state not in TERMINAL)
@@ -112,9 +124,14 @@ def job_request(job: SchedJob) -> JobRequest:
             for t in spec.tasks),
         queue=job.ready.queue,
         tenant=job.ready.tenant,
+        user=job.ready.user,
         priority=spec.priority,
+        priority_class=spec.priority_class.value,
         submit_time=job.ready.submitted_at.timestamp(),
         min_available=spec.min_available,
+        runtime_estimate_s=spec.runtime_estimate,
+        preemptible=spec.preemptible,
+        attempt=job.attempt,
     )
 
 
@@ -249,8 +266,12 @@ class SchedulerState:
                                 st.exit_code)
 
     def _retry_or_fail(self, job: SchedJob, out: Output, why: str, exit_code: int | None) -> None:
-        self._stop_tasks(job, out, why)
         assert job.ready is not None
+        if job.preempted_by:  # its tasks were already asked to stop
+            self._status(out, job, JobState.PREEMPTED, f"preempted for {job.preempted_by}")
+            job.preempted_by = ""
+        else:
+            self._stop_tasks(job, out, why)
         if job.attempt <= job.ready.spec.max_retry:
             job.attempt += 1
             job.state = JobState.ADMITTED
@@ -286,6 +307,9 @@ class SchedulerState:
     # --- the cycle ---------------------------------------------------------------------
 
     def snapshot(self, now: float) -> Snapshot:
+        """The core's view. Tasks of an older attempt still stopping hold their resources
+        under a job id of their own (``<job>~<attempt>``), marked terminating, so the core
+        neither confuses them with the pending retry nor preempts them again."""
         nodes = tuple(
             Node(
                 node_id=n.inventory.node_id,
@@ -300,21 +324,44 @@ class SchedulerState:
             )
             for n in self.nodes.values()
         )
-        allocations = tuple(
-            Allocation(job.job_id, p.task_id, p.node_id, p.gpus, p.cpu_milli, p.memory_mib)
-            for job in self.jobs.values() for p in job.live()
-        )
+        allocations: list[Allocation] = []
+        running: list[RunningJob] = []
+        for job in self.jobs.values():
+            live = list(job.live())
+            if not live or job.ready is None:
+                continue
+            for attempt in sorted({p.attempt for p in live}):
+                current = attempt == job.attempt and job.state in (JobState.BOUND,
+                                                                  JobState.RUNNING)
+                owner = job.job_id if current else f"{job.job_id}~{attempt}"
+                allocations += [Allocation(owner, p.task_id, p.node_id, p.gpus, p.cpu_milli,
+                                           p.memory_mib, p.task_name)
+                                for p in live if p.attempt == attempt]
+                request = replace(job_request(job), job_id=owner)
+                running.append(RunningJob(
+                    request, start_time=job.bound_at if job.bound_at is not None else now,
+                    terminating=not current or bool(job.preempted_by) or job.cancel_requested))
         pending = tuple(
             job_request(j) for j in sorted(
                 (j for j in self.jobs.values() if j.state is JobState.ADMITTED),
                 key=lambda j: j.seq)
         )
-        return Snapshot(now=now, nodes=nodes, allocations=allocations, pending=pending)
+        return Snapshot(now=now, nodes=nodes, allocations=tuple(allocations), pending=pending,
+                        running=tuple(running))
 
     def cycle(self, now: float, out: Output) -> Plan:
         self.needs_cycle = False
         plan = self.placer(self.snapshot(now))
         self.pending_reasons = {k: v.value for k, v in plan.pending.items()}
+        for pre in plan.preemptions:
+            victim = self.jobs.get(pre.job_id)
+            if victim is None or victim.preempted_by or victim.state not in (
+                    JobState.BOUND, JobState.RUNNING):
+                continue
+            victim.preempted_by = pre.preemptor
+            out.dirty_jobs.add(victim.job_id)
+            self._stop_tasks(victim, out, f"preempted ({pre.reason.value}) for {pre.preemptor}",
+                             grace_s=pre.grace_period_s)
         for job_id, binds in plan.binds_by_job().items():
             job = self.jobs[job_id]
             assert job.ready is not None
@@ -325,6 +372,7 @@ class SchedulerState:
                    for rank, b in enumerate(binds)]
             job.placed = [p for p in job.placed if p.state not in TERMINAL] + new
             job.state = JobState.BOUND
+            job.bound_at = now
             out.dirty_jobs.add(job_id)
             self._publish_bindings(job, new, out)
             self._status(out, job, JobState.BOUND, f"placed on {len({p.node_id for p in new})}"
@@ -366,7 +414,8 @@ class SchedulerState:
         view = self.nodes.get(node_id)
         return (view.inventory.address or node_id) if view else node_id
 
-    def _stop_tasks(self, job: SchedJob, out: Output, reason: str) -> None:
+    def _stop_tasks(self, job: SchedJob, out: Output, reason: str,
+                    grace_s: float = 30.0) -> None:
         by_node: dict[tuple[str, int], list[Placed]] = {}
         for p in job.live():
             by_node.setdefault((p.node_id, p.attempt), []).append(p)
@@ -374,7 +423,7 @@ class SchedulerState:
             out.emit(Binding(
                 binding_id=f"{job.job_id}-{attempt}-{node_id}-stop",
                 action=BindingAction.STOP, node_id=node_id, epoch=self.epoch,
-                job_id=job.job_id, attempt=attempt, reason=reason,
+                job_id=job.job_id, attempt=attempt, reason=reason, grace_period_s=grace_s,
                 tasks=[TaskBinding(task_id=p.task_id, task_name=p.task_name, role="",
                                    replica=p.replica, rank=p.rank) for p in placed],
             ), self.SOURCE, event_id=f"stop-{job.job_id}-{attempt}-{node_id}-e{self.epoch}")
@@ -409,7 +458,8 @@ class SchedulerState:
             "attempt": job.attempt,
             "ready": job.ready.model_dump_json() if job.ready else "{}",
             "placement": [p.to_json() for p in job.placed],
-            "tasks": {"seq": job.seq, "cancel_requested": job.cancel_requested},
+            "tasks": {"seq": job.seq, "cancel_requested": job.cancel_requested,
+                      "bound_at": job.bound_at, "preempted_by": job.preempted_by},
         }
 
     def evict_finished(self) -> None:
@@ -425,6 +475,7 @@ class SchedulerState:
         ready = JobReady.model_validate(row["ready"]) if row["ready"] else None
         job = SchedJob(row["job_id"], ready, JobState(row["state"]), row["attempt"],
                        meta.get("seq", 0), [Placed.from_json(p) for p in row["placement"]],
-                       meta.get("cancel_requested", False))
+                       meta.get("cancel_requested", False), meta.get("bound_at"),
+                       meta.get("preempted_by", ""))
         self.jobs[job.job_id] = job
         self._seq = max(self._seq, job.seq)

@@ -161,3 +161,10 @@ def test_required_variables_are_documented(compose) -> None:
     docs = (ROOT / "docs" / "deploy.md").read_text()
     for var in set(re.findall(r"\$\{([A-Z_]+)", text)):
         assert var in docs, f"docs/deploy.md does not mention {var}"
+
+
+def test_the_compose_policy_is_one_the_scheduler_loads(compose: dict[str, Any]) -> None:
+    from scheduling import SchedulerConfig
+
+    config = SchedulerConfig.from_yaml(compose["configs"]["kairos-policy"]["content"])
+    assert [p.name for p in config.plugins][:2] == ["gang", "priority"]

@@ -242,6 +242,10 @@ def test_config_maps_hold_policy_and_queues(rendered) -> None:
     cm = by_kind(docs, "ConfigMap")[f"{RELEASE}-config"]
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert yaml.safe_load(cm["data"]["policy.yaml"]) == values["policy"]
+    # the scheduler loads it as its policy (a bad one would stop it from starting)
+    from scheduling import SchedulerConfig
+
+    assert SchedulerConfig.from_yaml(cm["data"]["policy.yaml"]).plugins
     assert yaml.safe_load(cm["data"]["queues.yaml"]) == values["queues"]
     sched = by_kind(docs, "Deployment")[f"{RELEASE}-scheduler"]["spec"]["template"]
     assert "checksum/config" in sched["metadata"]["annotations"]

@@ -117,3 +117,18 @@ def test_srtf_preempts_the_job_with_more_time_left() -> None:
     w2 = world(1, "gang", ("srtf", {"preempt": True}), "binpack")
     w2.start(job("long").gpus(8).estimate(1100), at=0, n0=list(range(8)))
     assert w2.submit(job("short").gpus(8).estimate(500)).step().preemptions == []
+
+
+def test_allocations_without_running_jobs_are_never_victims() -> None:
+    """A snapshot may list allocations but no RunningJob (the scheduler service before it
+    tracks run metadata): the preemption phase must treat them as untouchable, not crash."""
+    from scheduling import Allocation, GpuUse, Scheduler, SchedulerConfig, Snapshot
+
+    nodes = cluster(1, gpus=8)
+    held = tuple(Allocation("OLD", f"w-{i}", nodes[0].node_id, (GpuUse(i),), 0, 0)
+                 for i in range(8))
+    urgent = job("URGENT").gpus(8).build()
+    plan = Scheduler(SchedulerConfig.preset("default")).schedule(
+        Snapshot(now=0.0, nodes=nodes, allocations=held, pending=(urgent,)))
+    assert plan.binds == [] and plan.preemptions == []
+    assert "URGENT" in plan.pending

@@ -28,6 +28,10 @@ class ReadyBuilder:
         self._task["replicas"] = n
         return self
 
+    def priority_class(self, name: str) -> ReadyBuilder:
+        self._spec["priorityClass"] = name
+        return self
+
     def retries(self, n: int) -> ReadyBuilder:
         self._spec["maxRetry"] = n
         return self

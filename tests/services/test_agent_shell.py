@@ -109,11 +109,11 @@ async def test_gang_tasks_start_with_the_rendezvous_environment() -> None:
     variables torchrun and TF_CONFIG readers expect."""
     import json
 
-    from services.scheduler.state import Output, SchedulerState
     from scheduling import first_fit
-    from tests.services.builders import node
-    from shared.jobspec import parse_job_spec
+    from services.scheduler.state import Output, SchedulerState
     from shared.events import JobReady, utcnow
+    from shared.jobspec import parse_job_spec
+    from tests.services.builders import node
 
     sched = SchedulerState(epoch=1, placer=first_fit)
     out = Output()

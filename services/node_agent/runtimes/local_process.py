@@ -190,7 +190,7 @@ class LocalProcessRuntime:
 
     async def _poll_adopted(self, key: str, state: dict[str, Any]) -> None:
         # not our child (it was the previous agent's): nothing to await but /proc
-        while procfs.alive(state["pid"], state.get("ticks")):  # noqa: ASYNC110
+        while procfs.alive(state["pid"], state.get("ticks")):
             await asyncio.sleep(self._poll_s)
         await self._finish(key, state["pid"], self._recorded_exit(key))
 

@@ -19,6 +19,7 @@ one numpy gather, so only nodes whose state is new cost Python work.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -38,6 +39,10 @@ class FgdArgs(BaseModel):
     step: int = Field(10, ge=1, description="types are added this many at a time")
     include_cpu_tasks: bool = Field(False, description="count GPU-less tasks in the mix")
     max_states: int = Field(200_000, ge=1000, description="memo size before it is reset")
+    score: Literal["exact", "paper"] = Field(
+        "exact", description="exact: -(increase of F), rounded to 1e-9 so that float noise never "
+        "breaks a tie; paper: the public simulator's integer score int(levels * sigmoid(-increase))")
+    levels: int = Field(100, ge=2, description="integer score levels of the paper score (theirs: 100)")
 
 
 def typical_mix(shapes: Iterable[TaskShape], popularity_pct: float = 60.0, step: int = 10,
@@ -183,6 +188,10 @@ class Fgd(Plugin):
         before = self.frag(k)
         cols = [j for j in range(len(ok)) if ok[j] and (allowed is None or models[j] in allowed)]
         cpu2, mem2 = cpu - t.cpu_milli, mem - t.memory_mib
+        if not (t.gpu or t.shared):  # a GPU-less task: its CPU can strand GPUs (as in the paper's simulator)
+            if cpu2 < 0 or mem2 < 0:
+                return np.inf, -1
+            return self.frag(self._intern((cls, cpu2, mem2, gm, gc))) - before, -1
         if t.gpu:
             idle = [j for j in cols if gc[j] >= 100 and gm[j] >= total_mem[j]][: t.gpu]
             if len(idle) < t.gpu:
@@ -236,7 +245,7 @@ class Fgd(Plugin):
 
     def score(self, cycle: Cycle, p: Placing, cand: IntArray) -> FloatArray | None:
         t = p.task
-        if not (t.gpu or t.shared):
+        if not (t.gpu or t.shared or t.cpu_milli or t.memory_mib) or t.mig:
             return None
         ids = self._state_ids(p.state, cand)
         tk, allowed = self._task_key(cycle, p)
@@ -256,7 +265,11 @@ class Fgd(Plugin):
                 grown[: arr.size] = arr
                 arr = self.delta[tk] = grown
             d = arr[ids]
-        return -np.where(np.isfinite(d), d, 1e6)
+        d = np.where(np.isfinite(d), d, 1e6)
+        if self.args.score == "paper":
+            # ties (many: whole GPUs often leave F unchanged) go to the lowest node index
+            return np.floor(self.args.levels / (1.0 + np.exp(np.minimum(d, 700.0))))
+        return -np.round(d, 9)
 
     def pick(self, cycle: Cycle, p: Placing, i: int) -> tuple[GpuUse, ...] | None:
         t = p.task

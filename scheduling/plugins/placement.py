@@ -58,10 +58,15 @@ class BestFit(Plugin):
     """The FGD paper's BestFit baseline: least remaining (GPU + CPU) after placement."""
 
     name = "bestfit"
+    # The paper's simulator normalises by one largest node spec (128 cores, 8 GPUs), not
+    # by each node's own capacity: least remaining in absolute terms wins.
+    MAX_CPU_MILLI = 128_000.0
+    MAX_GPU_PCT = 800.0
 
     def score(self, cycle: Cycle, p: Placing, cand: IntArray) -> FloatArray | None:
-        cpu_left = (p.state.cpu_free[cand] - p.task.cpu_milli) / np.maximum(cycle.table.cpu_total[cand], 1)
-        return 0.5 * _gpu_fill_after(cycle, p, cand) - 0.5 * cpu_left
+        cpu_left = (p.state.cpu_free[cand] - p.task.cpu_milli) / self.MAX_CPU_MILLI
+        gpu_left = (p.state.cmp_sum[cand] - _need_pct(p)) / self.MAX_GPU_PCT
+        return np.asarray(-(0.5 * cpu_left + 0.5 * gpu_left), dtype=np.float64)
 
 
 @register

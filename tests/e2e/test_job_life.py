@@ -204,8 +204,10 @@ def test_two_hundred_jobs_reach_their_end_with_no_gpu_double_booked(stack: Stack
     tasks = assert_no_gpu_double_booked(bindings, statuses)
     assert tasks >= 200
 
-    # the monitor and the scheduler's own /metrics agree with what the API says
-    succeeded = sum(1 for i in ids if states[i] == "succeeded")
+    # the monitor and the scheduler's own /metrics agree with what the API says (about
+    # every job the stack has seen, including other tests' on this shared stack)
+    succeeded = sum(1 for s in states.values() if s == "succeeded")
+    cancelled_all = sum(1 for s in states.values() if s == "cancelled")
     deadline = time.monotonic() + 30
     while True:
         mon = scrape(stack.proc("monitor").port)
@@ -214,7 +216,7 @@ def test_two_hundred_jobs_reach_their_end_with_no_gpu_double_booked(stack: Stack
             break
         time.sleep(0.5)
     assert metric(mon, "kairos_jobs", state="succeeded") == succeeded
-    assert metric(mon, "kairos_jobs", state="cancelled") == 4
+    assert metric(mon, "kairos_jobs", state="cancelled") == cancelled_all >= 4
     assert metric(mon, "kairos_cluster_gpus", state="total") == 32
     assert metric(mon, "kairos_cluster_gpus", state="allocated") == 0
     assert metric(mon, "kairos_nodes", state="ready") == 4

@@ -1,0 +1,270 @@
+"""The discrete-event simulator: arrivals, starts, completions, preemptions (with
+checkpoint loss) and node failures over a described cluster, calling the SAME
+scheduling core (``scheduling.Scheduler``) at every scheduling event.
+
+Fixed rules (stated in every result, ``SimSettings.rules()``):
+- a preempted job keeps the work up to its last checkpoint (every ``checkpoint_s`` of
+  progress) and pays ``restore_s`` when it starts again; its victim stops after the
+  job's checkpoint grace period (the core's ``Preemption.grace_period_s``);
+- gangs run at full speed wherever placed (no topology slowdown model);
+- scheduling cycles run when something changed, at most one per ``cycle_s`` of
+  simulated time (the core takes the whole pending set each cycle);
+- what each policy knows: ``estimates="oracle"`` gives the true duration (SJF bound),
+  ``"history"`` the median duration of the tenant's earlier finished jobs of the same
+  size (submit-time knowledge), ``"none"`` nothing.
+
+Identity contract with the core: the ``nodes`` tuple is kept while the inventory is
+unchanged; Allocation, JobRequest and RunningJob objects are reused across cycles.
+"""
+
+from __future__ import annotations
+
+import heapq
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from scheduling import (
+    Allocation,
+    JobRequest,
+    Node,
+    Plan,
+    RunningJob,
+    Scheduler,
+    SchedulerConfig,
+    Snapshot,
+    TaskRequest,
+)
+from sim.traces import TraceJob
+
+Estimates = Literal["none", "oracle", "history"]
+_FINISH, _STOP, _FAIL, _RECOVER, _ARRIVE, _TICK = 0, 1, 2, 3, 4, 5  # order of events at the same time
+
+
+@dataclass(frozen=True, slots=True)
+class SimSettings:
+    checkpoint_s: float = 1800.0
+    restore_s: float = 60.0
+    cycle_s: float = 0.0  # 0: a cycle at every event time
+    tick_s: float = 0.0  # >0: also a cycle this often while jobs wait (Tiresias' re-ranking)
+    estimates: Estimates = "none"
+    node_failures: tuple[tuple[float, str, float], ...] = ()  # (time, node id, down for s)
+    gpus_per_task: int = 8  # a job of more GPUs is a gang of tasks of this many
+    cpu_per_gpu_milli: int = 4000
+    mem_per_gpu_mib: int = 32_768
+    max_time_s: float = float("inf")  # stop the clock here (jobs left are reported unfinished)
+
+    def rules(self) -> dict[str, object]:
+        return {"checkpoint_every_s": self.checkpoint_s, "restore_s": self.restore_s,
+                "preemption_grace": "job checkpoint_grace_s (core default 30 s)",
+                "topology_slowdown": "off (gangs run at full speed wherever placed)",
+                "cycle_s": self.cycle_s, "tick_s": self.tick_s, "estimates": self.estimates,
+                "node_failures": len(self.node_failures)}
+
+
+@dataclass(slots=True)
+class JobRun:
+    """What the simulator tracks of one job."""
+
+    trace: TraceJob
+    request: JobRequest
+    remaining_s: float  # work left (s of full-speed running)
+    first_start: float | None = None
+    finish: float | None = None
+    start: float = 0.0  # of the current attempt
+    restore: float = 0.0  # restore time paid at the start of the current attempt
+    allocs: tuple[Allocation, ...] = ()
+    running: RunningJob | None = None
+    preemptions: int = 0
+    lost_work_s: float = 0.0  # GPU-seconds redone
+    epoch: int = 0  # invalidates stale finish events
+
+    @property
+    def gpus(self) -> int:
+        return self.trace.num_gpus
+
+
+@dataclass(slots=True)
+class SimResult:
+    jobs: list[JobRun]
+    samples: list[tuple[float, float, int, int]] = field(default_factory=list)  # t, GPUs allocated, queued, running
+    capacity_gpus: int = 0
+    cycles: int = 0
+    end_time: float = 0.0
+    settings: SimSettings = field(default_factory=SimSettings)
+
+
+def to_request(t: TraceJob, s: SimSettings, estimate: float | None) -> JobRequest:
+    per = min(t.num_gpus, s.gpus_per_task)
+    replicas = -(-t.num_gpus // per)
+    task = TaskRequest("w", "worker", replicas, gpu=per, cpu_milli=per * s.cpu_per_gpu_milli,
+                       memory_mib=per * s.mem_per_gpu_mib)
+    return JobRequest(t.job_id, (task,), tenant=t.tenant, queue=t.tenant, submit_time=t.submit_s,
+                      runtime_estimate_s=estimate)
+
+
+class HistoryEstimator:
+    """Submit-time estimate: median duration of the tenant's finished jobs of the same
+    GPU count (else of the same count anywhere, else none)."""
+
+    def __init__(self) -> None:
+        self.by_key: dict[tuple[str, int], list[float]] = {}
+        self.by_size: dict[int, list[float]] = {}
+
+    def estimate(self, t: TraceJob) -> float | None:
+        xs = self.by_key.get((t.tenant, t.num_gpus)) or self.by_size.get(t.num_gpus)
+        return statistics.median(xs[-50:]) if xs else None
+
+    def learn(self, t: TraceJob) -> None:
+        self.by_key.setdefault((t.tenant, t.num_gpus), []).append(t.duration_s)
+        self.by_size.setdefault(t.num_gpus, []).append(t.duration_s)
+
+
+class Simulation:
+    def __init__(self, nodes: tuple[Node, ...], jobs: Sequence[TraceJob], config: SchedulerConfig,
+                 settings: SimSettings | None = None,
+                 on_progress: Callable[[int, int], None] | None = None) -> None:
+        self.nodes = nodes
+        self.trace = sorted(jobs, key=lambda j: j.submit_s)
+        self.sched = Scheduler(config)
+        self.s = settings or SimSettings()
+        self.on_progress = on_progress
+        self.history = HistoryEstimator()
+        self.events: list[tuple[float, int, int, object]] = []
+        self.seq = 0
+        self.pending: dict[str, JobRun] = {}  # insertion order = admission order
+        self.runs: dict[str, JobRun] = {}  # running (incl. terminating)
+        self.done: list[JobRun] = []
+        self.all: list[JobRun] = []
+        self.down: set[str] = set()
+        self.capacity = sum(len(n.gpus) for n in nodes)
+        self.ticking = False
+
+    # --- events ---------------------------------------------------------------------
+    def _push(self, t: float, kind: int, payload: object) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, kind, self.seq, payload))
+
+    def _estimate(self, t: TraceJob) -> float | None:
+        if self.s.estimates == "oracle":
+            return t.duration_s
+        if self.s.estimates == "history":
+            return self.history.estimate(t)
+        return None
+
+    def run(self) -> SimResult:
+        for t in self.trace:
+            self._push(t.submit_s, _ARRIVE, t)
+        for t, node, down in self.s.node_failures:
+            self._push(t, _FAIL, (node, down))
+        res = SimResult(self.all, capacity_gpus=self.capacity, settings=self.s)
+        next_cycle = 0.0
+        now = 0.0
+        while self.events:
+            now = max(self.events[0][0], next_cycle) if self.s.cycle_s else self.events[0][0]
+            if now > self.s.max_time_s:
+                break
+            changed = False
+            while self.events and self.events[0][0] <= now:
+                t, kind, _, payload = heapq.heappop(self.events)
+                changed |= self._handle(t, kind, payload)
+            if changed and (self.pending or any(r.running and r.running.terminating for r in self.runs.values())):
+                self._cycle(now)
+                res.cycles += 1
+                next_cycle = now + self.s.cycle_s
+                if self.s.tick_s > 0 and self.pending and self.runs and not self.ticking:
+                    self.ticking = True
+                    self._push(now + self.s.tick_s, _TICK, None)
+            used = sum(r.gpus for r in self.runs.values())
+            res.samples.append((now, float(used), len(self.pending), len(self.runs)))
+            if self.on_progress is not None:
+                self.on_progress(len(self.done), len(self.trace))
+        res.end_time = now
+        return res
+
+    def _handle(self, t: float, kind: int, payload: object) -> bool:
+        if kind == _ARRIVE:
+            tj: TraceJob = payload  # type: ignore[assignment]
+            jr = JobRun(tj, to_request(tj, self.s, self._estimate(tj)), tj.duration_s)
+            self.all.append(jr)
+            self.pending[tj.job_id] = jr
+            return True
+        if kind == _FINISH:
+            job_id, epoch = payload  # type: ignore[misc]
+            jr = self.runs.get(job_id)
+            if jr is None or jr.epoch != epoch:
+                return False  # stopped before it finished
+            del self.runs[job_id]
+            jr.finish, jr.remaining_s, jr.allocs, jr.running = t, 0.0, (), None
+            self.done.append(jr)
+            self.history.learn(jr.trace)
+            return True
+        if kind == _STOP:
+            job_id, epoch = payload  # type: ignore[misc]
+            jr = self.runs.get(job_id)
+            if jr is None or jr.epoch != epoch:
+                return False
+            self._stop(jr, t)
+            return True
+        if kind == _FAIL:
+            node, down = payload  # type: ignore[misc]
+            self.down.add(node)
+            self._set_nodes()
+            for jr in [r for r in self.runs.values() if any(a.node_id == node for a in r.allocs)]:
+                self._stop(jr, t)
+            self._push(t + down, _RECOVER, node)
+            return True
+        if kind == _TICK:
+            self.ticking = False
+            return bool(self.pending)
+        if kind == _RECOVER:
+            self.down.discard(payload)  # type: ignore[arg-type]
+            self._set_nodes()
+            return True
+        return False
+
+    def _set_nodes(self) -> None:
+        self.nodes = tuple(replace(n, schedulable=n.node_id not in self.down) for n in self.nodes)
+
+    def _stop(self, jr: JobRun, t: float) -> None:
+        """The job stops: it keeps the work up to its last checkpoint and queues again."""
+        progress = max(0.0, t - jr.start - jr.restore)
+        kept = (progress // self.s.checkpoint_s) * self.s.checkpoint_s if self.s.checkpoint_s > 0 else 0.0
+        kept = min(kept, jr.remaining_s)
+        jr.lost_work_s += (progress - kept) * jr.gpus
+        jr.remaining_s -= kept
+        jr.preemptions += 1
+        jr.epoch += 1
+        attained = jr.request.attained_service_s + progress * jr.gpus
+        jr.request = replace(jr.request, attained_service_s=attained, attempt=jr.request.attempt + 1)
+        jr.allocs, jr.running = (), None
+        del self.runs[jr.trace.job_id]
+        self.pending[jr.trace.job_id] = jr
+
+    # --- a scheduling cycle ---------------------------------------------------------------
+    def _cycle(self, now: float) -> None:
+        allocs = tuple(a for r in self.runs.values() for a in r.allocs)
+        running = tuple(r.running for r in self.runs.values() if r.running is not None)
+        pending = tuple(r.request for r in self.pending.values())
+        plan = self.sched.schedule(Snapshot(now, self.nodes, allocs, pending, running))
+        self._apply(plan, now)
+
+    def _apply(self, plan: Plan, now: float) -> None:
+        for p in plan.preemptions:
+            jr = self.runs.get(p.job_id)
+            if jr is None or jr.running is None or jr.running.terminating:
+                continue
+            jr.running = replace(jr.running, terminating=True)
+            self._push(now + p.grace_period_s, _STOP, (p.job_id, jr.epoch))
+        for job_id, binds in plan.binds_by_job().items():
+            jr = self.pending.pop(job_id)
+            jr.allocs = tuple(Allocation(b.job_id, b.task_id, b.node_id, b.gpus, b.cpu_milli, b.memory_mib,
+                                         b.task_name, b.role) for b in binds)
+            if jr.first_start is None:
+                jr.first_start = now
+            jr.start = now
+            jr.restore = self.s.restore_s if jr.request.attempt > 1 else 0.0
+            jr.running = RunningJob(jr.request, now, None)
+            self.runs[job_id] = jr
+            self._push(now + jr.restore + jr.remaining_s, _FINISH, (job_id, jr.epoch))

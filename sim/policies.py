@@ -1,0 +1,25 @@
+"""The policies the JCT experiments compare, all presets of the same core.
+
+Kairos is the core's ``default`` preset and knows only what is known at submit time
+(estimates from the history of finished jobs); SJF gets the true durations (an oracle
+bound, not a competitor); the others need no estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from scheduling import SchedulerConfig
+from sim.engine import Estimates, SimSettings
+
+POLICIES = ("FIFO", "SJF", "Tiresias", "DRF", "Kairos")
+PRESET = {"FIFO": "fifo", "SJF": "sjf", "Tiresias": "tiresias", "DRF": "drf", "Kairos": "default"}
+ESTIMATES: dict[str, Estimates] = {"SJF": "oracle", "Kairos": "history"}
+
+
+def policy_config(policy: str) -> SchedulerConfig:
+    return SchedulerConfig.preset(PRESET.get(policy, policy))
+
+
+def policy_settings(policy: str, base: SimSettings) -> SimSettings:
+    return replace(base, estimates=ESTIMATES.get(policy, "none"))

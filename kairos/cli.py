@@ -185,7 +185,11 @@ def up(
         nonlocal stopping
         stopping = True
 
+    # Ctrl-C reaches the services too (one process group): they stop on their own while
+    # we notice the flag, so a service gone after Ctrl-C is no failure.
     signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    failure = None
     try:
         stack.start()
         PROFILE.parent.mkdir(parents=True, exist_ok=True)
@@ -198,19 +202,23 @@ def up(
             demo(12, stack.url, stack.token)
         with console.status("") as status:
             while not stopping:
-                for p in stack.procs:
-                    if p.popen.poll() is not None:
-                        raise RuntimeError(f"{p.name} stopped (code {p.popen.returncode}); "
-                                           f"see {p.log}")
+                dead = [p for p in stack.procs if p.popen.poll() is not None]
+                if dead:
+                    time.sleep(1)  # a Ctrl-C may be on its way to us as well
+                    if not stopping:
+                        failure = (f"{dead[0].name} stopped (code {dead[0].popen.returncode});"
+                                   f" see {dead[0].log}")
+                    break
                 status.update(_summary(f"http://127.0.0.1:{monitor.port}/metrics"))
                 time.sleep(1)
-    except KeyboardInterrupt:
-        pass
     finally:
         console.print("stopping ...")
         stack.stop()
         PROFILE.unlink(missing_ok=True)
         console.print("stopped; nothing left running")
+    if failure:
+        err.print(f"[red]{failure}[/]")
+        raise typer.Exit(1)
 
 
 if __name__ == "__main__":

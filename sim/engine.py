@@ -54,6 +54,7 @@ class SimSettings:
     cpu_per_gpu_milli: int = 4000
     mem_per_gpu_mib: int = 32_768
     max_time_s: float = float("inf")  # stop the clock here (jobs left are reported unfinished)
+    skip_idle_cycles: bool = False  # non-preemptive policies: no cycle while no waiting job fits in the free GPUs
 
     def rules(self) -> dict[str, object]:
         return {"checkpoint_every_s": self.checkpoint_s, "restore_s": self.restore_s,
@@ -169,7 +170,7 @@ class Simulation:
             while self.events and self.events[0][0] <= now:
                 t, kind, _, payload = heapq.heappop(self.events)
                 changed |= self._handle(t, kind, payload)
-            if changed and (self.pending or any(r.running and r.running.terminating for r in self.runs.values())):
+            if changed and self.pending and not (self.s.skip_idle_cycles and self._nothing_fits()):
                 self._cycle(now)
                 res.cycles += 1
                 next_cycle = now + self.s.cycle_s
@@ -223,6 +224,13 @@ class Simulation:
             self._set_nodes()
             return True
         return False
+
+    def _nothing_fits(self) -> bool:
+        """No waiting job asks for as few GPUs as are free (then a non-preemptive core
+        cannot bind anything: the cycle is skipped, with the same outcome)."""
+        free = self.capacity - sum(r.gpus for r in self.runs.values())
+        free -= sum(len(n.gpus) for n in self.nodes if not n.schedulable)
+        return all(r.gpus > free for r in self.pending.values())
 
     def _set_nodes(self) -> None:
         self.nodes = tuple(replace(n, schedulable=n.node_id not in self.down) for n in self.nodes)

@@ -17,9 +17,19 @@ PRESET = {"FIFO": "fifo", "SJF": "sjf", "Tiresias": "tiresias", "DRF": "drf", "K
 ESTIMATES: dict[str, Estimates] = {"SJF": "oracle", "Kairos": "history"}
 
 
+# FIFO and SJF never name victims: preemption off only saves the core a search.
+NON_PREEMPTIVE = ("FIFO", "SJF")
+
+
 def policy_config(policy: str) -> SchedulerConfig:
+    if policy in NON_PREEMPTIVE:
+        return SchedulerConfig.preset(PRESET[policy], preemption={"enabled": False})
     return SchedulerConfig.preset(PRESET.get(policy, policy))
 
 
 def policy_settings(policy: str, base: SimSettings) -> SimSettings:
-    return replace(base, estimates=ESTIMATES.get(policy, "none"))
+    """Estimates the policy may use; idle cycles skipped and no re-ranking ticks for the
+    non-preemptive ones (nothing changes for them between events)."""
+    np_ = policy in NON_PREEMPTIVE
+    return replace(base, estimates=ESTIMATES.get(policy, "none"), skip_idle_cycles=np_,
+                   tick_s=0.0 if np_ else base.tick_s)

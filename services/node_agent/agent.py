@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.node_agent.devices.base import DeviceBackend
 from services.node_agent.devices.simulated import SimulatedDevices
 from services.node_agent.rendezvous import rendezvous_env
 from services.node_agent.runtimes.base import (
@@ -48,7 +49,7 @@ class TaskRecord:
 
 
 class NodeAgent:
-    def __init__(self, inventory: NodeInventory, devices: SimulatedDevices,
+    def __init__(self, inventory: NodeInventory, devices: DeviceBackend,
                  runtime_factory: Callable[[Callable[[TaskExit], Awaitable[None]]], Runtime],
                  publish: Publish, state_dir: str = "") -> None:
         self.inventory = inventory
@@ -109,6 +110,8 @@ class NodeAgent:
             self._remember(launch.key)
             await self._report(launch, JobState.FAILED, "start_failed", 127, str(exc))
             return
+        if launch.key not in self._tasks:
+            return  # the runtime knew it had already ended (a restart): reported that
         self._load(launch, +1)
         await self._report(launch, JobState.RUNNING, "started")
 
@@ -140,6 +143,27 @@ class NodeAgent:
         else:
             state, reason = JobState.FAILED, ex.reason
         await self._report(rec.launch, state, reason, ex.exit_code, ex.message or None)
+        await self.runtime.forget(ex.key)  # published: a restart need not report it again
+
+    async def reconcile(self) -> int:
+        """After a restart: adopt the tasks the runtime still runs, and report those that
+        ended while the agent was down. Returns how many tasks were adopted."""
+        for ex in await self.runtime.reconcile():
+            job_id, task_id, attempt = ex.key.split("/")
+            self._remember(ex.key)
+            state = JobState.SUCCEEDED if ex.exit_code == 0 else JobState.FAILED
+            await self._publish(JobStatus(
+                job_id=job_id, state=state, reason=f"{ex.reason} while the agent was down",
+                attempt=int(attempt), exit_code=ex.exit_code, task=task_id,
+                node_id=self.node_id, message=ex.message or None), f"{state.value}-{ex.key}")
+            await self.runtime.forget(ex.key)
+        adopted = await self.runtime.running()
+        for key in adopted:
+            job_id, task_id, attempt = key.split("/")
+            self._tasks[key] = TaskRecord(TaskLaunch(
+                job_id=job_id, task_id=task_id, attempt=int(attempt), image="", command=(),
+                env={}, gpus=(), cpu_milli=0, memory_mib=0))
+        return len(adopted)
 
     def _remember(self, key: str) -> None:
         self._done[key] = None
@@ -153,7 +177,8 @@ class NodeAgent:
             used = g.memory_mib or int(self.inventory.gpus[g.index].memory_mib * 0.9)
             busy, mem = max(0.0, busy + sign * share * 0.95), max(0, mem + sign * used)
             self._gpu_load[g.index] = (busy, mem)
-            self.devices.set_load(g.index, busy, mem)
+            if isinstance(self.devices, SimulatedDevices):  # real GPUs report themselves
+                self.devices.set_load(g.index, busy, mem)
 
     async def _report(self, launch: TaskLaunch, state: JobState, reason: str,
                       exit_code: int | None = None, message: str | None = None) -> None:
@@ -178,11 +203,13 @@ class NodeAgent:
         await self.runtime.close()
 
 
-def simulated_inventory(node_id: str, devices: SimulatedDevices, cpu_milli: int,
-                        memory_mib: int, rack: str) -> NodeInventory:
+def simulated_inventory(node_id: str, devices: DeviceBackend, cpu_milli: int,
+                        memory_mib: int, rack: str, runtime: str = "simulated",
+                        address: str = "127.0.0.1") -> NodeInventory:
+    """The node as the scheduler sees it: its GPUs from the device backend."""
     return NodeInventory(
-        node_id=node_id, hostname=node_id, address="127.0.0.1", cpu_milli=cpu_milli,
-        memory_mib=memory_mib, rack=rack, runtime="simulated",
+        node_id=node_id, hostname=node_id, address=address, cpu_milli=cpu_milli,
+        memory_mib=memory_mib, rack=rack, runtime=runtime,
         gpus=[GpuInfo(index=d.index, uuid=d.uuid, model=d.model, memory_mib=d.memory_mib,
                       nvlink_domain=d.nvlink_domain, nvlink_peers=list(d.nvlink_peers))
               for d in devices.devices()])

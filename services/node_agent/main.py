@@ -8,18 +8,38 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Callable
+from pathlib import Path
 
 from aiokafka import TopicPartition
 
 from services.node_agent.agent import NodeAgent, simulated_inventory
+from services.node_agent.devices.base import DeviceBackend
 from services.node_agent.devices.simulated import SimulatedDevices
+from services.node_agent.runtimes.base import ExitCallback, Runtime
 from services.node_agent.runtimes.simulated import SimulatedRuntime
 from services.node_agent.settings import AgentSettings
 from shared.bus import Consumer, ConsumerOptions, partition_for
 from shared.events import Binding, Envelope, Event, NodeRegistered, utcnow
 from shared.http import HttpServer, ops_app
+from shared.logging import get_logger
 from shared.service import ServiceRuntime
 from shared.topics import BINDINGS
+
+log = get_logger(__name__)
+RuntimeFactory = Callable[[ExitCallback], Runtime]
+
+
+def real_devices(settings: AgentSettings) -> DeviceBackend:
+    """NVML where the node has it; simulated GPUs otherwise (a CPU-only test node)."""
+    from services.node_agent.devices.nvml import NvmlDevices, NvmlUnavailable
+
+    try:
+        return NvmlDevices()
+    except NvmlUnavailable as exc:
+        log.warning("no NVML here: simulated GPUs stand in", error=str(exc))
+        return SimulatedDevices(settings.node_id, settings.sim_gpus_per_node,
+                                settings.sim_gpu_model, settings.sim_gpu_memory_mib)
 
 
 class AgentHost:
@@ -28,17 +48,36 @@ class AgentHost:
         self.rt = rt
         self.started_at = utcnow()
         self.agents: dict[str, NodeAgent] = {}
-        names = ([settings.node_id] if settings.sim_nodes <= 1 else
-                 [f"{settings.node_id}-{i}" for i in range(settings.sim_nodes)])
-        if settings.node_runtime != "simulated":
-            raise SystemExit(f"runtime {settings.node_runtime!r} is not available in this build")
-        for name in names:
-            devices = SimulatedDevices(name, settings.sim_gpus_per_node, settings.sim_gpu_model,
-                                       settings.sim_gpu_memory_mib)
-            inv = simulated_inventory(name, devices, settings.node_cpu_milli,
-                                      settings.node_memory_mib, settings.rack)
-            self.agents[name] = NodeAgent(inv, devices, SimulatedRuntime, self.publish,
-                                          settings.state_dir)
+        if settings.node_runtime == "simulated":
+            names = ([settings.node_id] if settings.sim_nodes <= 1 else
+                     [f"{settings.node_id}-{i}" for i in range(settings.sim_nodes)])
+            for name in names:
+                devices = SimulatedDevices(name, settings.sim_gpus_per_node,
+                                           settings.sim_gpu_model, settings.sim_gpu_memory_mib)
+                self._add(name, devices, SimulatedRuntime)
+        elif settings.node_runtime in ("process", "kubernetes"):
+            self._add(settings.node_id, real_devices(settings), self._real_runtime)
+        else:
+            raise SystemExit(f"KAIROS_NODE_RUNTIME must be simulated, process or kubernetes, "
+                             f"not {settings.node_runtime!r}")
+
+    def _add(self, name: str, devices: DeviceBackend, runtime_factory: RuntimeFactory) -> None:
+        s = self.settings
+        inv = simulated_inventory(name, devices, s.node_cpu_milli, s.node_memory_mib, s.rack,
+                                  runtime=s.node_runtime, address=s.node_address or "127.0.0.1")
+        self.agents[name] = NodeAgent(inv, devices, runtime_factory, self.publish, s.state_dir)
+
+    def _real_runtime(self, on_exit: ExitCallback) -> Runtime:
+        s = self.settings
+        state = Path(s.state_dir or ".kairos/agent") / s.node_id
+        if s.node_runtime == "kubernetes":
+            from services.node_agent.runtimes.kubernetes import KubernetesRuntime
+
+            return KubernetesRuntime.from_config(on_exit, s.node_id, namespace=s.pod_namespace)
+        from services.node_agent.isolation.mps import MpsDaemon
+        from services.node_agent.runtimes.local_process import LocalProcessRuntime
+
+        return LocalProcessRuntime(on_exit, state, mps=MpsDaemon(state))
 
     async def publish(self, event: Event, event_id: str | None) -> None:
         await self.rt.producer.publish(event, event_id=event_id)
@@ -76,6 +115,13 @@ class AgentHost:
             for agent in self.agents.values():
                 await self.publish(agent.telemetry(), None)
 
+    async def reconcile(self) -> None:
+        for agent in self.agents.values():
+            adopted = await agent.reconcile()
+            if adopted:
+                log.info("adopted running tasks after a restart", node=agent.node_id,
+                         tasks=adopted)
+
     async def close(self) -> None:
         for agent in self.agents.values():
             await agent.close()
@@ -95,6 +141,7 @@ async def main(settings: AgentSettings | None = None) -> None:
     rt.add_consumer(consumer)
     rt.add_loop(host.heartbeats)
     rt.add_loop(host.telemetry)
+    await host.reconcile()  # before the first binding: nothing starts twice
     await host.register()
     try:
         await rt.run(HttpServer(ops_app(rt.ready), settings.http_host, settings.http_port))

@@ -18,3 +18,5 @@ class AgentSettings(CommonSettings):
     telemetry_s: float = 5.0
     state_dir: str = ""  # where the highest epoch seen survives a restart; empty = memory
     rack: str = "rack-0"
+    node_address: str = ""  # how other nodes reach this one (MASTER_ADDR); default loopback
+    pod_namespace: str = "kairos"  # the Kubernetes runtime's namespace

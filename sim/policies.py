@@ -19,6 +19,9 @@ ESTIMATES: dict[str, Estimates] = {"SJF": "oracle", "Kairos": "history"}
 
 # FIFO and SJF never name victims: preemption off only saves the core a search.
 NON_PREEMPTIVE = ("FIFO", "SJF")
+# Tiresias re-ranks running jobs as their attained service crosses a threshold: it needs
+# cycles between events. The others' decisions change only at events.
+TICKED = ("Tiresias",)
 
 
 def policy_config(policy: str) -> SchedulerConfig:
@@ -32,4 +35,4 @@ def policy_settings(policy: str, base: SimSettings) -> SimSettings:
     non-preemptive ones (nothing changes for them between events)."""
     np_ = policy in NON_PREEMPTIVE
     return replace(base, estimates=ESTIMATES.get(policy, "none"), skip_idle_cycles=np_,
-                   tick_s=0.0 if np_ else base.tick_s)
+                   tick_s=base.tick_s if policy in TICKED else 0.0)

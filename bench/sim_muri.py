@@ -1,0 +1,36 @@
+"""JCT on the Muri traces (trace1, trace2) on 8 x 8 GPUs: FIFO, SJF (oracle), Tiresias,
+DRF and Kairos, side by side -> bench/results/sim_muri.json (+ _runs.json, plots).
+
+    python bench/sim_muri.py                 # both traces
+    python bench/sim_muri.py --traces trace1 --limit 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sim.engine import SimSettings
+from sim.jct_experiment import run
+from sim.traces import MURI, load_cluster_spec, load_muri
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--traces", nargs="+", default=["trace1", "trace2"])
+    p.add_argument("--limit", type=int, default=None, help="first N jobs only")
+    p.add_argument("--out", default="bench/results/sim_muri.json")
+    a = p.parse_args()
+    cluster = load_cluster_spec(MURI / "n8g8.csv")
+    base = SimSettings(cycle_s=60.0, tick_s=1800.0)
+    merged: dict[str, object] = {}
+    for tr in a.traces:
+        jobs = load_muri(MURI / f"{tr}.csv", a.limit)
+        out = Path(a.out).with_name(f"sim_muri_{tr}.json")
+        doc = run(f"muri-{tr}", jobs, [cluster], out, base,
+                  note=f"first {a.limit} jobs" if a.limit else "all jobs")
+        merged[tr] = doc
+    Path(a.out).write_text(json.dumps(merged, indent=2) + "\n")

@@ -1,0 +1,30 @@
+"""JCT on Philly (philly.csv) on 64, 80 and 96 nodes x 8 GPUs: FIFO, SJF (oracle),
+Tiresias, DRF and Kairos side by side -> bench/results/sim_philly.json (+ plots).
+
+    python bench/sim_philly.py --limit 5000  # a stated prefix (by submit time)
+    python bench/sim_philly.py               # the whole trace
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sim.engine import SimSettings
+from sim.jct_experiment import run
+from sim.traces import PHILLY, load_philly
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--limit", type=int, default=None, help="first N jobs by submit time")
+    p.add_argument("--nodes", type=int, nargs="+", default=[64, 80, 96])
+    p.add_argument("--policies", nargs="+", default=None)
+    p.add_argument("--out", default="bench/results/sim_philly.json")
+    a = p.parse_args()
+    jobs = load_philly(PHILLY, a.limit)
+    kw = {"policies": a.policies} if a.policies else {}
+    run("philly", jobs, [(n, 8) for n in a.nodes], Path(a.out), SimSettings(cycle_s=60.0, tick_s=600.0),
+        note=(f"prefix: first {a.limit} of 82,247 jobs by submit time" if a.limit else "the whole trace"), **kw)

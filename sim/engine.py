@@ -23,7 +23,7 @@ import heapq
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, cast
 
 from scheduling import (
     Allocation,
@@ -155,10 +155,10 @@ class Simulation:
         return None
 
     def run(self) -> SimResult:
-        for t in self.trace:
-            self._push(t.submit_s, _ARRIVE, t)
-        for t, node, down in self.s.node_failures:
-            self._push(t, _FAIL, (node, down))
+        for tj in self.trace:
+            self._push(tj.submit_s, _ARRIVE, tj)
+        for ft, node, down in self.s.node_failures:
+            self._push(ft, _FAIL, (node, down))
         res = SimResult(self.all, capacity_gpus=self.capacity, settings=self.s)
         next_cycle = 0.0
         now = 0.0
@@ -186,13 +186,13 @@ class Simulation:
 
     def _handle(self, t: float, kind: int, payload: object) -> bool:
         if kind == _ARRIVE:
-            tj: TraceJob = payload  # type: ignore[assignment]
-            jr = JobRun(tj, to_request(tj, self.s, self._estimate(tj)), tj.duration_s)
-            self.all.append(jr)
-            self.pending[tj.job_id] = jr
+            tj = cast(TraceJob, payload)
+            new = JobRun(tj, to_request(tj, self.s, self._estimate(tj)), tj.duration_s)
+            self.all.append(new)
+            self.pending[tj.job_id] = new
             return True
         if kind == _FINISH:
-            job_id, epoch = payload  # type: ignore[misc]
+            job_id, epoch = cast(tuple[str, int], payload)
             jr = self.runs.get(job_id)
             if jr is None or jr.epoch != epoch:
                 return False  # stopped before it finished
@@ -202,14 +202,14 @@ class Simulation:
             self.history.learn(jr.trace)
             return True
         if kind == _STOP:
-            job_id, epoch = payload  # type: ignore[misc]
+            job_id, epoch = cast(tuple[str, int], payload)
             jr = self.runs.get(job_id)
             if jr is None or jr.epoch != epoch:
                 return False
             self._stop(jr, t)
             return True
         if kind == _FAIL:
-            node, down = payload  # type: ignore[misc]
+            node, down = cast(tuple[str, float], payload)
             self.down.add(node)
             self._set_nodes()
             for jr in [r for r in self.runs.values() if any(a.node_id == node for a in r.allocs)]:
@@ -220,7 +220,7 @@ class Simulation:
             self.ticking = False
             return bool(self.pending)
         if kind == _RECOVER:
-            self.down.discard(payload)  # type: ignore[arg-type]
+            self.down.discard(cast(str, payload))
             self._set_nodes()
             return True
         return False

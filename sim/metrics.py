@@ -40,7 +40,8 @@ def summarize(res: SimResult) -> dict[str, Any]:
     by_tenant_rho = {t: round(float(np.mean([r for r, j in zip(rho, fin, strict=True) if j.trace.tenant == t])), 3)
                      for t in tenants}
     t0 = min((j.trace.submit_s for j in res.jobs), default=0.0)
-    makespan = (max((j.finish for j in fin), default=t0) - t0) if fin else 0.0  # type: ignore[type-var]
+    ends = [j.finish for j in fin if j.finish is not None]
+    makespan = max(ends) - t0 if ends else 0.0
     s = np.asarray(res.samples) if res.samples else np.zeros((0, 4))
     if len(s) > 1:
         dt = np.diff(s[:, 0])

@@ -27,10 +27,13 @@ if __name__ == "__main__":
     cluster = load_cluster_spec(MURI / "n8g8.csv")
     base = SimSettings(cycle_s=60.0, tick_s=1800.0)
     merged: dict[str, object] = {}
+    protocol: dict[str, object] = {}
     for tr in a.traces:
         jobs = load_muri(MURI / f"{tr}.csv", a.limit)
         out = Path(a.out).with_name(f"sim_muri_{tr}.json")
         doc = run(f"muri-{tr}", jobs, [cluster], out, base,
                   note=f"first {a.limit} jobs" if a.limit else "all jobs")
-        merged[tr] = doc
+        protocol[tr] = doc.pop("protocol")
+        merged |= {f"{key}/{tr}": rows for key, rows in doc.items()}  # e.g. "8x8/trace1"
+    merged["protocol"] = protocol
     Path(a.out).write_text(json.dumps(merged, indent=2) + "\n")

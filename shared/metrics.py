@@ -28,3 +28,6 @@ DEADLETTERS = Counter(
 PUBLISHED = Counter(
     "kairos_published_total", "Events published", ["service", "topic"]
 )
+OUTBOX_PENDING = Gauge("kairos_outbox_pending", "Outbox rows written but not yet published")
+BUILD_INFO = Gauge("kairos_build_info", "Always 1; carries the running version",
+                   ["service", "version"])

@@ -16,6 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from shared import metrics
 from shared.bus import Producer
 from shared.events import Envelope, Event, utcnow
 from shared.logging import get_logger
@@ -61,6 +62,10 @@ class OutboxRelay:
         try:
             while True:
                 published = await self.publish_pending()
+                if published == self._batch:
+                    metrics.OUTBOX_PENDING.set(await self.pending())
+                    continue
+                metrics.OUTBOX_PENDING.set(0)
                 if published:
                     continue
                 if utcnow() - last_purge > timedelta(minutes=5):
@@ -90,6 +95,11 @@ class OutboxRelay:
                 text("UPDATE outbox SET published_at = now() WHERE seq = ANY(:s)"),
                 {"s": [r.seq for r in rows]})
             return len(rows)
+
+    async def pending(self) -> int:
+        async with self._engine.connect() as conn:
+            return int(await conn.scalar(
+                text("SELECT count(*) FROM outbox WHERE published_at IS NULL")) or 0)
 
     async def purge(self) -> int:
         async with self._engine.begin() as conn:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from shared import metrics
 from shared.bus import Consumer, Producer, wait_for_broker
 from shared.config import CommonSettings
 from shared.db import make_engine, migrate, wait_for_database
@@ -18,6 +20,13 @@ from shared.http import HttpServer
 from shared.logging import configure_logging, get_logger
 
 log = get_logger(__name__)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("kairos")
+    except importlib.metadata.PackageNotFoundError:
+        return "dev"
 
 
 async def check_database(engine: AsyncEngine) -> bool:
@@ -35,6 +44,7 @@ class ServiceRuntime:
     def __init__(self, settings: CommonSettings, *, use_db: bool = True) -> None:
         self.settings = settings
         configure_logging(settings.service_name, settings.log_level, settings.log_json)
+        metrics.BUILD_INFO.labels(settings.service_name, _version()).set(1)
         self.producer = Producer(settings.kafka_bootstrap, settings.service_name)
         self.engine: AsyncEngine | None = (
             make_engine(settings.database_url, pool_size=5) if use_db else None

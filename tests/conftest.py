@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import tempfile
 import socket
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path

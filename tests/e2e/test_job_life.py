@@ -220,10 +220,16 @@ def test_two_hundred_jobs_reach_their_end_with_no_gpu_double_booked(stack: Stack
     assert metric(mon, "kairos_cluster_gpus", state="total") == 32
     assert metric(mon, "kairos_cluster_gpus", state="allocated") == 0
     assert metric(mon, "kairos_nodes", state="ready") == 4
+    assert metric(mon, "kairos_job_completion_seconds_count", queue="default",
+                  tenant="default") == succeeded
+    assert metric(mon, "kairos_queue_running_jobs", queue="default", tenant="default") == 0
     sched = scrape(stack.proc("scheduler").port)
     assert metric(sched, "kairos_scheduler_placements_total") == tasks
     assert metric(sched, "kairos_scheduler_is_leader") == 1
     adm = scrape(stack.admission_port)
+    assert metric(adm, "kairos_outbox_pending") == 0
+    assert metric(adm, "kairos_http_requests_total", route="/v1/jobs", method="POST",
+                  status="201") >= 200
     assert metric(adm, "kairos_consumer_lag", service="admission", topic="jobs.status",
                   partition="0") == 0
 

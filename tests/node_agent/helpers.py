@@ -44,5 +44,5 @@ class Exits:
 async def until(predicate: Callable[[], bool], step_s: float = 0.02) -> None:
     """Poll ``predicate`` until true (bounded by the test timeout, never asserted on time)."""
     async with asyncio.timeout(30):
-        while not predicate():  # noqa: ASYNC110 - polls the outside world
+        while not predicate():
             await asyncio.sleep(step_s)

@@ -20,7 +20,7 @@ def stack() -> Iterator[Stack]:
     s = Stack(workdir=workdir, nodes=4, gpus_per_node=8,
               nodes_per_agent=2, admission_port=free_port(),
               env={"KAIROS_HEARTBEAT_S": "1", "KAIROS_TELEMETRY_S": "1",
-                   "KAIROS_LOST_AFTER_S": "30", "KAIROS_SESSION_TIMEOUT_MS": "6000",
+                   "KAIROS_LOST_AFTER_S": "10", "KAIROS_SESSION_TIMEOUT_MS": "6000",
                    "KAIROS_REBALANCE_TIMEOUT_MS": "6000", "KAIROS_HEARTBEAT_INTERVAL_MS": "500"})
     s.start()
     yield s

@@ -369,3 +369,49 @@ def test_standby_scheduler_takes_over_and_stale_epoch_bindings_are_refused(
         ("j-zombie", int(old_epoch), int(new_epoch), "stale_epoch")]
     statuses = asyncio.run(read_topic(stack.kafka_bootstrap or "", "jobs.status"))
     assert not [e for e in statuses if e.type == "job.status" and e.key == "j-zombie"]
+
+
+def test_a_node_that_goes_silent_is_declared_lost_and_its_jobs_requeued(stack: Stack) -> None:
+    """The monitor notices missed heartbeats and publishes node.lost; the scheduler sends
+    the jobs that ran there back to admitted with a new attempt."""
+    extra = stack.start_service("node-agent#lost", module="services.node_agent", extra_env={
+        "KAIROS_NODE_ID": "doomed-0", "KAIROS_SIM_NODES": "1",
+        "KAIROS_SIM_GPUS_PER_NODE": "8", "KAIROS_STATE_DIR": str(stack.workdir / "agents")})
+    h = headers(stack)
+    with httpx.Client(base_url=stack.url, headers=h, timeout=30) as c:
+        deadline = time.monotonic() + 60
+        while "doomed-0" not in {n["node_id"] for n in c.get("/v1/nodes").json()}:
+            assert time.monotonic() < deadline, "the extra node never registered"
+            time.sleep(0.3)
+        # five long 8-GPU jobs fill all five nodes, so one runs on the doomed node
+        ids = [c.post("/v1/jobs", json={"name": f"fill-{i}", "duration": 600, "tasks": [
+            {"name": "w", "resources": {"gpu": 8}}]}).json()["id"] for i in range(5)]
+        victim = None
+        while victim is None:
+            assert time.monotonic() < deadline, "the fill jobs never all ran"
+            for job_id in ids:
+                job = c.get(f"/v1/jobs/{job_id}").json()
+                if any(p["node_id"] == "doomed-0" for p in job["placement"]) and \
+                        job["state"] == "running":
+                    victim = job_id
+            time.sleep(0.3)
+        stack.stop_proc(extra, signal.SIGKILL)  # the node goes silent
+        deadline = time.monotonic() + 60
+        while True:
+            job = c.get(f"/v1/jobs/{victim}").json()
+            if job["attempt"] == 2:
+                break
+            assert time.monotonic() < deadline, f"never requeued: {job['history'][-3:]}"
+            time.sleep(0.5)
+        assert job["state"] == "admitted"  # the other nodes are full: it waits
+        requeue = [h for h in job["history"] if h["task"] is None and h["attempt"] == 2]
+        assert "doomed-0 lost" in requeue[0]["reason"]
+        nodes = {n["node_id"]: n["state"] for n in c.get("/v1/nodes").json()}
+        assert nodes["doomed-0"] == "lost"
+        mon = scrape(stack.proc("monitor").port)
+        assert metric(mon, "kairos_nodes", state="lost") == 1
+        assert metric(mon, "kairos_nodes_lost_total") == 1
+        for job_id in ids:
+            c.delete(f"/v1/jobs/{job_id}")
+        states = wait_terminal(stack, ids)
+        assert {states[i] for i in ids} == {"cancelled"}

@@ -19,7 +19,7 @@ import httpx
 import typer
 import yaml
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 app = typer.Typer(help="Kairos: a GPU scheduler for deep-learning training.", no_args_is_help=True)
 console = Console()
@@ -102,6 +102,29 @@ def describe(job_id: str, url: UrlOpt = None, token: TokenOpt = None) -> None:
         t.add_row(h["occurred_at"][11:23], h["state"], h.get("task") or "job",
                   h.get("node_id") or "", h["reason"],
                   "" if h.get("exit_code") is None else str(h["exit_code"]))
+    console.print(t)
+
+
+@app.command()
+def jobs(
+    state: Annotated[str | None, typer.Option(help="only jobs in this state")] = None,
+    queue: Annotated[str | None, typer.Option(help="only jobs of this queue")] = None,
+    limit: Annotated[int, typer.Option(help="at most this many")] = 50,
+    url: UrlOpt = None, token: TokenOpt = None,
+) -> None:
+    """Jobs with their state (like squeue / vcctl job list)."""
+    params: dict[str, Any] = {"limit": limit}
+    if state:
+        params["state"] = state
+    if queue:
+        params["queue"] = queue
+    with _client(url, token) as c:
+        page = _request(c, "GET", "/v1/jobs", params=params)
+    t = Table("name", "queue", "state", "attempt", "reason", "submitted")
+    t.columns.insert(0, Column("job", no_wrap=True, min_width=18))  # ids stay whole
+    for j in page["items"]:
+        t.add_row(j["id"], j["name"], j["queue"], j["state"], str(j["attempt"]), j["reason"],
+                  j["submitted_at"][:19].replace("T", " "))
     console.print(t)
 
 

@@ -47,6 +47,10 @@ def test_submit_every_example_and_describe_it(stack: Stack) -> None:
             assert "state=failed" not in out and time.monotonic() < deadline, out
             time.sleep(0.5)
         assert "all tasks succeeded" in out and "history" in out
+    code, out = run_cli(stack, "jobs", "--state", "succeeded", "--limit", "500")
+    assert code == 0 and all(job_id in out for job_id in ids)
+    code, out = run_cli(stack, "jobs", "--state", "flying")
+    assert code == 1 and "state" in out  # the gateway's 422 names the bad parameter
 
 
 def test_cli_errors_are_clear_with_exit_codes(stack: Stack, tmp_path: Path) -> None:

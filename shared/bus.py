@@ -117,6 +117,14 @@ class Producer:
         for _, topic in items:
             metrics.PUBLISHED.labels(self.source, topic).inc()
 
+    async def reachable(self, timeout_s: float = 2.0) -> bool:
+        """A metadata round trip to the broker succeeds (for /readyz)."""
+        try:
+            await asyncio.wait_for(self._producer.client.fetch_all_metadata(), timeout_s)
+            return True
+        except Exception:
+            return False
+
     async def partition_count(self, topic: str) -> int:
         """Partitions of ``topic`` as the broker has them."""
         return len(await self._producer.partitions_for(topic))

@@ -62,18 +62,10 @@ class ServiceRuntime:
         self._loops.append(loop)
 
     async def ready(self) -> dict[str, bool]:
-        checks = {"broker": await self._broker_ok()}
+        checks = {"broker": await self.producer.reachable()}
         if self.engine is not None:
             checks["database"] = await check_database(self.engine)
         return checks
-
-    async def _broker_ok(self) -> bool:
-        try:
-            client = self.producer._producer.client
-            return bool(await asyncio.wait_for(client.bootstrap_ok(), 2)) if hasattr(
-                client, "bootstrap_ok") else bool(client.cluster.brokers())
-        except Exception:
-            return False
 
     async def start_dependencies(self) -> None:
         await wait_for_broker(self.settings.kafka_bootstrap)

@@ -182,3 +182,20 @@ async def test_manual_assignment_reads_only_its_partition(broker: str,
     assert await producer.partition_count(topic) == 8
     assert {e.job_id for e in got} == expected  # type: ignore[attr-defined]
     assert mine in expected and len(expected) < len(keys)
+
+
+async def test_reachable_follows_the_broker() -> None:
+    """What /readyz reports: a metadata round trip, not a cached view."""
+    from kairos.embedded import EmbeddedBroker
+
+    b = EmbeddedBroker()
+    p = Producer(b.start(), "test")
+    await p.start()
+    try:
+        assert await p.reachable()
+        b.stop()
+        assert not await p.reachable(timeout_s=1)
+    finally:
+        b.stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(p.stop(), 5)

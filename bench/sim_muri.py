@@ -2,7 +2,7 @@
 DRF and Kairos, side by side -> bench/results/sim_muri.json (+ _runs.json, plots).
 
     python bench/sim_muri.py                 # both traces
-    python bench/sim_muri.py --traces trace1 --limit 300
+    python bench/sim_muri.py --traces trace2 --limit 1500   # updates trace2's rows only
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ if __name__ == "__main__":
     a = p.parse_args()
     cluster = load_cluster_spec(MURI / "n8g8.csv")
     base = SimSettings(cycle_s=60.0, tick_s=1800.0)
-    merged: dict[str, object] = {}
-    protocol: dict[str, object] = {}
+    out_path = Path(a.out)
+    merged: dict[str, object] = json.loads(out_path.read_text()) if out_path.exists() else {}  # other traces kept
+    protocol: dict[str, object] = dict(merged.pop("protocol", {}))  # type: ignore[call-overload]
     for tr in a.traces:
         jobs = load_muri(MURI / f"{tr}.csv", a.limit)
         out = Path(a.out).with_name(f"sim_muri_{tr}.json")

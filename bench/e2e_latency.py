@@ -93,24 +93,28 @@ class TopicTail:
 async def drive(stack: Stack, rate: float, seconds: float) -> dict[str, float]:
     """Submit at a steady rate (open loop), return the 201 times by job id."""
     accepted: dict[str, float] = {}
-    errors = 0
+    errors: dict[str, int] = defaultdict(int)
     limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
     async with httpx.AsyncClient(base_url=stack.url, timeout=30, limits=limits,
                                  headers={"Authorization": f"Bearer {stack.token}"}) as c:
         body = json.dumps(SPEC).encode()
 
         async def one() -> None:
-            nonlocal errors
-            try:
-                r = await c.post("/v1/jobs", content=body,
-                                 headers={"Content-Type": "application/json"})
-            except httpx.HTTPError:
-                errors += 1
-                return
+            # a real client: an idempotency key makes retrying a transport error safe
+            headers = {"Content-Type": "application/json",
+                       "Idempotency-Key": uuid.uuid4().hex}
+            for attempt in range(3):
+                try:
+                    r = await c.post("/v1/jobs", content=body, headers=headers)
+                    break
+                except httpx.TransportError as exc:
+                    if attempt == 2:
+                        errors[type(exc).__name__] += 1
+                        return
             if r.status_code == 201:
                 accepted[r.json()["id"]] = time.time()
             else:
-                errors += 1
+                errors[f"http {r.status_code}"] += 1
 
         start = time.monotonic()
         n = int(rate * seconds)
@@ -200,7 +204,8 @@ async def measure_rate(stack: Stack, rate: float, seconds: float,
         "target_rate": rate,
         "submits_per_s": round(len(accepted) / elapsed, 1),
         "accepted": len(accepted),
-        "errors": run["errors"],
+        "errors": sum(run["errors"].values()),  # type: ignore[attr-defined]
+        "error_kinds": dict(run["errors"]),  # type: ignore[call-overload]
         "lost": lost,
         "p50_bound_ms": round(pct(bound, 50), 1),
         "p99_bound_ms": round(pct(bound, 99), 1),

@@ -40,8 +40,10 @@ class HttpServer:
     """uvicorn inside the service's event loop, stopped with the service."""
 
     def __init__(self, app: FastAPI, host: str, port: int) -> None:
+        # a long keep-alive: a client reusing a connection the server just closed sees a
+        # transport error (load balancers hold connections for 60 s and more)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                access_log=False, lifespan="off")
+                                access_log=False, lifespan="off", timeout_keep_alive=75)
         self._server = uvicorn.Server(config)
         # the service owns SIGINT/SIGTERM (ServiceRuntime.run); uvicorn must not take them
         self._server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]

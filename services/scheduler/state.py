@@ -149,6 +149,9 @@ class SchedulerState:
         self.telemetry: dict[str, NodeTelemetry] = {}
         self.pending_reasons: dict[str, str] = {}
         self.finished: set[str] = set()  # ended jobs, evicted from ``jobs`` once persisted
+        self._node_cache: tuple[Node, ...] | None = None
+        self._allocs: dict[tuple[str, str, int], Allocation] = {}
+        self._requests: dict[tuple[str, int], JobRequest] = {}
         self._seq = 0
         self.needs_cycle = True
 
@@ -165,12 +168,14 @@ class SchedulerState:
                 self._on_cancel(event, out)
         elif isinstance(event, NodeRegistered):
             self.nodes[event.inventory.node_id] = NodeView(event.inventory)
+            self._node_cache = None
             out.dirty_nodes.add(event.inventory.node_id)
             self.needs_cycle = True
         elif isinstance(event, NodeHeartbeat):
             view = self.nodes.get(event.node_id)
             if view is not None and view.lost:
                 view.lost = False
+                self._node_cache = None
                 out.dirty_nodes.add(event.node_id)
                 self.needs_cycle = True
         elif isinstance(event, NodeLost):
@@ -182,6 +187,7 @@ class SchedulerState:
                 degraded = frozenset(g.index for g in event.gpus if g.health != "healthy")
                 if degraded != view.degraded_gpus:
                     view.degraded_gpus = degraded
+                    self._node_cache = None
                     self.needs_cycle = True
 
     def _next_seq(self) -> int:
@@ -287,6 +293,7 @@ class SchedulerState:
         if view is None or view.lost:
             return
         view.lost = True
+        self._node_cache = None
         out.dirty_nodes.add(ev.node_id)
         for job in list(self.jobs.values()):
             hit = [p for p in job.live() if p.node_id == ev.node_id]
@@ -306,26 +313,44 @@ class SchedulerState:
 
     # --- the cycle ---------------------------------------------------------------------
 
+    def _nodes(self) -> tuple[Node, ...]:
+        """The same tuple while the inventory is unchanged: the core keeps its node table
+        (numpy arrays) by this identity and rebuilds it only on a change."""
+        if self._node_cache is None:
+            self._node_cache = tuple(
+                Node(
+                    node_id=n.inventory.node_id,
+                    cpu_milli=n.inventory.cpu_milli,
+                    memory_mib=n.inventory.memory_mib,
+                    gpus=[GpuSlot(g.index, g.uuid, g.model, g.memory_mib, g.nvlink_domain,
+                                  healthy=g.index not in n.degraded_gpus)
+                          for g in n.inventory.gpus],
+                    labels=dict(n.inventory.labels),
+                    rack=n.inventory.rack,
+                    schedulable=not n.lost,
+                )
+                for n in self.nodes.values()
+            )
+        return self._node_cache
+
+    def _request(self, job: SchedJob, owner: str | None = None) -> JobRequest:
+        key = (owner or job.job_id, job.attempt)
+        req = self._requests.get(key)
+        if req is None:
+            req = job_request(job)
+            if owner is not None:
+                req = replace(req, job_id=owner)
+            self._requests[key] = req
+        return req
+
     def snapshot(self, now: float) -> Snapshot:
         """The core's view. Tasks of an older attempt still stopping hold their resources
         under a job id of their own (``<job>~<attempt>``), marked terminating, so the core
-        neither confuses them with the pending retry nor preempts them again."""
-        nodes = tuple(
-            Node(
-                node_id=n.inventory.node_id,
-                cpu_milli=n.inventory.cpu_milli,
-                memory_mib=n.inventory.memory_mib,
-                gpus=[GpuSlot(g.index, g.uuid, g.model, g.memory_mib, g.nvlink_domain,
-                              healthy=g.index not in n.degraded_gpus)
-                      for g in n.inventory.gpus],
-                labels=dict(n.inventory.labels),
-                rack=n.inventory.rack,
-                schedulable=not n.lost,
-            )
-            for n in self.nodes.values()
-        )
+        neither confuses them with the pending retry nor preempts them again. Objects are
+        reused across cycles where nothing changed: the core diffs allocations by identity."""
         allocations: list[Allocation] = []
         running: list[RunningJob] = []
+        live_keys: set[tuple[str, str, int]] = set()
         for job in self.jobs.values():
             live = list(job.live())
             if not live or job.ready is None:
@@ -334,20 +359,34 @@ class SchedulerState:
                 current = attempt == job.attempt and job.state in (JobState.BOUND,
                                                                   JobState.RUNNING)
                 owner = job.job_id if current else f"{job.job_id}~{attempt}"
-                allocations += [Allocation(owner, p.task_id, p.node_id, p.gpus, p.cpu_milli,
-                                           p.memory_mib, p.task_name)
-                                for p in live if p.attempt == attempt]
-                request = replace(job_request(job), job_id=owner)
+                for p in live:
+                    if p.attempt != attempt:
+                        continue
+                    key = (owner, p.task_id, attempt)
+                    live_keys.add(key)
+                    alloc = self._allocs.get(key)
+                    if alloc is None:
+                        alloc = self._allocs[key] = Allocation(
+                            owner, p.task_id, p.node_id, p.gpus, p.cpu_milli, p.memory_mib,
+                            p.task_name)
+                    allocations.append(alloc)
+                request = self._request(job, None if current else owner)
                 running.append(RunningJob(
                     request, start_time=job.bound_at if job.bound_at is not None else now,
                     terminating=not current or bool(job.preempted_by) or job.cancel_requested))
+        for key in self._allocs.keys() - live_keys:
+            del self._allocs[key]
         pending = tuple(
-            job_request(j) for j in sorted(
+            self._request(j) for j in sorted(
                 (j for j in self.jobs.values() if j.state is JobState.ADMITTED),
                 key=lambda j: j.seq)
         )
-        return Snapshot(now=now, nodes=nodes, allocations=tuple(allocations), pending=pending,
-                        running=tuple(running))
+        if len(self._requests) > 4 * (len(self.jobs) + 64):  # forget ended jobs' requests
+            keep = {(j.job_id, j.attempt) for j in self.jobs.values()}
+            self._requests = {k: v for k, v in self._requests.items()
+                              if (k[0].split("~")[0], k[1]) in keep}
+        return Snapshot(now=now, nodes=self._nodes(), allocations=tuple(allocations),
+                        pending=pending, running=tuple(running))
 
     def cycle(self, now: float, out: Output) -> Plan:
         self.needs_cycle = False

@@ -176,3 +176,18 @@ def test_urgent_job_preempts_low_priority_work_which_is_requeued() -> None:
     assert ("LOW", "preempted") in statuses(out) and ("LOW", "admitted") in statuses(out)
     assert [(b.job_id, b.action) for b in bindings(out)] == [("URGENT", BindingAction.ALLOCATE)]
     assert s.jobs["LOW"].attempt == 2 and s.jobs["LOW"].state is JobState.ADMITTED
+
+
+def test_snapshots_reuse_unchanged_objects_for_the_core_caches(state: SchedulerState) -> None:
+    """The core keeps its node table while the nodes tuple is the same object and diffs
+    allocations by identity: unchanged parts of the cluster must come back identical."""
+    step(state, ready("A").gpus(4).build())
+    first = state.snapshot(0)
+    again = state.snapshot(1)
+    assert again.nodes is first.nodes
+    assert all(a is b for a, b in zip(first.allocations, again.allocations, strict=True))
+    step(state, node("n3"))
+    assert state.snapshot(2).nodes is not first.nodes
+    step(state, NodeLost(node_id="n3", last_seen=utcnow()))
+    lost = state.snapshot(3).nodes
+    assert [n.schedulable for n in lost if n.node_id == "n3"] == [False]

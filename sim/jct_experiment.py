@@ -48,6 +48,8 @@ def run(name: str, jobs: Sequence[TraceJob], clusters: Sequence[tuple[int, int]]
                 detail[key][policy] = m | {"series": series(res)}
                 runs[key][policy] = res
                 bar.advance(task)
+                out.parent.mkdir(parents=True, exist_ok=True)  # partial results survive a cut-off run
+                out.write_text(json.dumps(doc | {"protocol": {"partial": True, "note": note}}, indent=2) + "\n")
     doc["protocol"] = {"trace": name, "jobs": len(jobs), "note": note, "rules": base.rules(),
                        "policies": {"FIFO": "fifo preset", "SJF": "sjf preset, oracle durations (a bound)",
                                     "Tiresias": "tiresias preset (2D-LAS, preemptive)", "DRF": "drf preset",

@@ -7,6 +7,10 @@ over HTTP at steady rates, and reads the topics to time each job:
                      'started' report, stamped when it handled the binding)
   submit -> running  HTTP 201 to the job-level 'running' transition
 
+A negative submit -> bound means the 201 reached the client after the agent had the
+binding (a slow HTTP response under load); request sent -> bound is reported beside it.
+Also reported: the CPU each part of the platform spends per job.
+
 In the same run, the floor: a bare chain of four consumer->producer relays through the
 same broker, at the same rates, with the same consumer tuning.
 
@@ -93,6 +97,7 @@ class TopicTail:
 async def drive(stack: Stack, rate: float, seconds: float) -> dict[str, float]:
     """Submit at a steady rate (open loop), return the 201 times by job id."""
     accepted: dict[str, float] = {}
+    sent_at: dict[str, float] = {}
     errors: dict[str, int] = defaultdict(int)
     limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
     async with httpx.AsyncClient(base_url=stack.url, timeout=30, limits=limits,
@@ -103,6 +108,7 @@ async def drive(stack: Stack, rate: float, seconds: float) -> dict[str, float]:
             # a real client: an idempotency key makes retrying a transport error safe
             headers = {"Content-Type": "application/json",
                        "Idempotency-Key": uuid.uuid4().hex}
+            sent = time.time()
             for attempt in range(3):
                 try:
                     r = await c.post("/v1/jobs", content=body, headers=headers)
@@ -113,6 +119,7 @@ async def drive(stack: Stack, rate: float, seconds: float) -> dict[str, float]:
                         return
             if r.status_code == 201:
                 accepted[r.json()["id"]] = time.time()
+                sent_at[r.json()["id"]] = sent
             else:
                 errors[f"http {r.status_code}"] += 1
 
@@ -126,7 +133,8 @@ async def drive(stack: Stack, rate: float, seconds: float) -> dict[str, float]:
             tasks.append(asyncio.create_task(one()))
         await asyncio.gather(*tasks)
         elapsed = time.monotonic() - start
-    return {"accepted": accepted, "errors": errors, "elapsed": elapsed}  # type: ignore[dict-item]
+    return {"accepted": accepted, "sent": sent_at, "errors": errors,  # type: ignore[dict-item]
+            "elapsed": elapsed}
 
 
 def cpu_by_process(stack: Stack) -> dict[int, tuple[str, float]]:
@@ -183,14 +191,17 @@ async def measure_rate(stack: Stack, rate: float, seconds: float,
         await asyncio.sleep(0.5)
     await tail.stop()
     cpu = cpu_ms_per_job(cpu0, cpu_by_process(stack), len(run["accepted"]))  # type: ignore[arg-type]
-    bound, running, phases = [], [], defaultdict(list)
+    sent: dict[str, float] = run["sent"]  # type: ignore[assignment]
+    bound, running, from_sent, http, phases = [], [], [], [], defaultdict(list)
     lost = 0
     for job, t201 in accepted.items():
         t = tail.times.get(job, {})
         if not any(s in t for s in terminal):
             lost += 1
+        http.append((t201 - sent[job]) * 1000)
         if "task_running" in t:
             bound.append((t["task_running"] - t201) * 1000)
+            from_sent.append((t["task_running"] - sent[job]) * 1000)
         if "running" in t:
             running.append((t["running"] - t201) * 1000)
         if {"admitted", "bound", "task_running"} <= t.keys():
@@ -209,6 +220,9 @@ async def measure_rate(stack: Stack, rate: float, seconds: float,
         "lost": lost,
         "p50_bound_ms": round(pct(bound, 50), 1),
         "p99_bound_ms": round(pct(bound, 99), 1),
+        "p50_http_submit_ms": round(pct(http, 50), 1),
+        "p99_http_submit_ms": round(pct(http, 99), 1),
+        "p99_request_sent_to_bound_ms": round(pct(from_sent, 99), 1),
         "p50_running_ms": round(pct(running, 50), 1),
         "p99_running_ms": round(pct(running, 99), 1),
         "phases_p50_ms": {k: round(statistics.median(v), 1) for k, v in phases.items()},

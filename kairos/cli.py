@@ -21,7 +21,10 @@ import yaml
 from rich.console import Console
 from rich.table import Column, Table
 
+from sim.cli import app as sim_app
+
 app = typer.Typer(help="Kairos: a GPU scheduler for deep-learning training.", no_args_is_help=True)
+app.add_typer(sim_app, name="sim")
 console = Console()
 err = Console(stderr=True)
 PROFILE = Path(os.environ.get("KAIROS_PROFILE", ".kairos/profile.json"))

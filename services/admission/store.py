@@ -13,8 +13,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from shared.events import (
     Binding,
     BindingAction,
+    CommandAction,
     Envelope,
     Event,
+    JobCommand,
     JobState,
     JobStatus,
     JobSubmitted,
@@ -144,8 +146,6 @@ async def list_jobs(engine: AsyncEngine, tenant: str | None, state: str | None,
 
 
 async def request_cancel(engine: AsyncEngine, job_id: str, requested_by: str) -> None:
-    from shared.events import CommandAction, JobCommand
-
     async with engine.begin() as conn:
         await add_to_outbox(
             conn,

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from scheduling import Scheduler, SchedulerConfig
 from services.scheduler.leader import LeaderLease
-from services.scheduler.state import TERMINAL, NodeView, Output, SchedulerState
+from services.scheduler.state import NodeView, Output, SchedulerState
 from shared.bus import Consumer, ConsumerOptions
 from shared.config import CommonSettings
 from shared.events import Envelope, Event, NodeInventory
@@ -162,4 +162,3 @@ def run() -> None:
     asyncio.run(main())
 
 
-__all__ = ["TERMINAL", "SchedulerService", "main", "run"]

@@ -99,6 +99,8 @@ class JobStatus(Event):
     node_id: str | None = None
     message: str | None = None
     epoch: int | None = Field(default=None, description="scheduler epoch of the binding")
+    replicas: dict[str, int] | None = Field(
+        default=None, description="after a resize: replicas per task group")
 
     def key(self) -> str:
         return self.job_id
@@ -134,7 +136,9 @@ class JobCommand(Event):
     action: CommandAction
     reason: str = ""
     requested_by: str = ""
-    replicas: int | None = None
+    replicas: int | None = Field(default=None, description="resize: the replica count wanted")
+    task: str | None = Field(default=None, description="resize: the elastic task group; "
+                             "empty = the job's only elastic group")
 
     def key(self) -> str:
         return self.job_id
@@ -160,6 +164,8 @@ class TaskBinding(BaseModel):
     rank: int
     local_rank: int | None = Field(default=None, description="rank among the job's tasks "
                                    "on this node")
+    local_world_size: int | None = Field(default=None, description="the job's tasks on this "
+                                         "node (a resize binding lists only the new ones)")
     gpus: list[GpuAssignment] = Field(default_factory=list)
     cpu_milli: int = 0
     memory_mib: int = 0
@@ -203,6 +209,9 @@ class Binding(Event):
     duration_s: float | None = None
     grace_period_s: float = 30.0
     reason: str = ""
+    stop_task_ids: list[str] = Field(
+        default_factory=list, description="resize: tasks of the job to stop on this node "
+        "(checkpoint signal, grace period, kill); the others keep running")
 
     def key(self) -> str:
         return self.node_id

@@ -51,6 +51,10 @@ class TaskSpec(_Spec):
     name: Annotated[str, Field(min_length=1, max_length=63)]
     role: str | None = Field(default=None, description="ps, worker, chief...; defaults to name")
     replicas: Annotated[int, Field(ge=1, le=1024)] = 1
+    min_replicas: Annotated[int | None, Field(
+        ge=1, le=1024, description="elastic: fewest replicas the job runs with")] = None
+    max_replicas: Annotated[int | None, Field(
+        ge=1, le=1024, description="elastic: most replicas the job grows to")] = None
     image: str = "kairos/simulated:latest"
     command: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
@@ -63,9 +67,30 @@ class TaskSpec(_Spec):
             raise ValueError("must be lowercase letters, digits and '-' (a DNS label)")
         return v
 
+    @model_validator(mode="after")
+    def _elastic_range(self) -> TaskSpec:
+        if not self.least_replicas <= self.replicas <= self.most_replicas:
+            raise ValueError(f"elastic replicas must satisfy minReplicas ({self.min_replicas}) <= "
+                             f"replicas ({self.replicas}) <= maxReplicas ({self.max_replicas})")
+        return self
+
     @property
     def effective_role(self) -> str:
         return self.role or self.name
+
+    @property
+    def elastic(self) -> bool:
+        """Resizable between minReplicas and maxReplicas while it runs."""
+        return (self.min_replicas is not None or self.max_replicas is not None) and \
+            self.least_replicas < self.most_replicas
+
+    @property
+    def least_replicas(self) -> int:
+        return self.replicas if self.min_replicas is None else self.min_replicas
+
+    @property
+    def most_replicas(self) -> int:
+        return self.replicas if self.max_replicas is None else self.max_replicas
 
 
 class PriorityClass(StrEnum):

@@ -7,7 +7,8 @@ placement decision itself comes from the scheduling core (``scheduling``), calle
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import itertools
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -18,6 +19,8 @@ from scheduling import (
     JobRequest,
     Node,
     Plan,
+    Resize,
+    ResizeReason,
     RunningJob,
     Snapshot,
     TaskRequest,
@@ -41,9 +44,14 @@ from shared.events import (
     NodeTelemetry,
     TaskBinding,
 )
+from shared.jobspec import TaskSpec
+from shared.logging import get_logger
 from shared.topics import topic_for
 
+log = get_logger(__name__)
+
 TERMINAL = {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED}
+DEFAULT_GRACE_S = 30.0  # checkpoint grace when the core gives none (JobRequest's default)
 
 
 @dataclass
@@ -60,11 +68,18 @@ class Placed:
     memory_mib: int
     attempt: int
     state: JobState = JobState.BOUND
+    removed: bool = False  # a shrink asked it to stop; the job goes on without it
+
+    @property
+    def core_id(self) -> str:
+        """The id the scheduling core knows it by (``<task>-<replica>``). ``task_id`` is
+        unique per incarnation: a replica grown again after a shrink gets a new one."""
+        return f"{self.task_name}-{self.replica}"
 
     def to_json(self) -> dict[str, Any]:
         return {**{k: getattr(self, k) for k in (
             "task_id", "task_name", "replica", "rank", "node_id", "cpu_milli", "memory_mib",
-            "attempt")}, "state": self.state.value,
+            "attempt", "removed")}, "state": self.state.value,
             "gpus": [[g.index, g.memory_mib, g.compute_pct] for g in self.gpus]}
 
     @classmethod
@@ -84,12 +99,20 @@ class SchedJob:
     cancel_requested: bool = False
     bound_at: float | None = None  # when the current attempt was placed (scheduler clock)
     preempted_by: str = ""  # set while its tasks are asked to stop for another job
+    targets: dict[str, int] = field(default_factory=dict)  # user resize: replicas per group
+    resizes: int = 0  # resizes so far (deterministic ids of their events and new tasks)
 
     def live(self) -> Iterator[Placed]:
         return (p for p in self.placed if p.state not in TERMINAL)
 
     def current(self) -> list[Placed]:
-        return [p for p in self.placed if p.attempt == self.attempt]
+        """The tasks of the current attempt, less those a shrink removed."""
+        return [p for p in self.placed if p.attempt == self.attempt and not p.removed]
+
+    def active(self, task_name: str | None = None) -> list[Placed]:
+        """Current tasks still holding resources (of one group, or all)."""
+        return [p for p in self.current() if p.state not in TERMINAL
+                and (task_name is None or p.task_name == task_name)]
 
 
 @dataclass
@@ -111,17 +134,32 @@ class Output:
         self.events.append((Envelope.wrap(event, source, event_id), topic_for(event).name))
 
 
-def job_request(job: SchedJob) -> JobRequest:
+def _task_request(t: TaskSpec, target: int | None, cap: int | None) -> TaskRequest:
+    """An elastic group starts with ``replicas`` (or the user's target), at least its
+    minimum, and grows up to its maximum, capped by the target and by ``cap``."""
+    replicas, lo, hi = t.replicas, None, None
+    if t.elastic:
+        lo, hi = t.least_replicas, t.most_replicas
+        if target is not None:
+            replicas = hi = max(lo, min(hi, target))
+        if cap is not None:  # the group is finishing: never grow it again
+            hi = min(hi, cap)
+            replicas = min(replicas, hi)
+            lo = min(lo, hi)
+    return TaskRequest(name=t.name, role=t.effective_role, replicas=replicas,
+                       gpu=t.resources.gpu, gpu_memory_mib=t.resources.gpu_memory,
+                       gpu_compute_pct=t.resources.gpu_compute, cpu_milli=t.resources.cpu,
+                       memory_mib=t.resources.memory, min_replicas=lo, max_replicas=hi)
+
+
+def job_request(job: SchedJob, caps: Mapping[str, int] | None = None) -> JobRequest:
     assert job.ready is not None
     spec = job.ready.spec
+    caps = caps or {}
     return JobRequest(
         job_id=job.job_id,
-        tasks=tuple(
-            TaskRequest(name=t.name, role=t.effective_role, replicas=t.replicas,
-                        gpu=t.resources.gpu, gpu_memory_mib=t.resources.gpu_memory,
-                        gpu_compute_pct=t.resources.gpu_compute, cpu_milli=t.resources.cpu,
-                        memory_mib=t.resources.memory)
-            for t in spec.tasks),
+        tasks=tuple(_task_request(t, job.targets.get(t.name), caps.get(t.name))
+                    for t in spec.tasks),
         queue=job.ready.queue,
         tenant=job.ready.tenant,
         user=job.ready.user,
@@ -151,7 +189,7 @@ class SchedulerState:
         self.finished: set[str] = set()  # ended jobs, evicted from ``jobs`` once persisted
         self._node_cache: tuple[Node, ...] | None = None
         self._allocs: dict[tuple[str, str, int], Allocation] = {}
-        self._requests: dict[tuple[str, int], JobRequest] = {}
+        self._requests: dict[tuple[Any, ...], JobRequest] = {}
         self._seq = 0
         self.needs_cycle = True
 
@@ -166,6 +204,8 @@ class SchedulerState:
         elif isinstance(event, JobCommand):
             if event.action is CommandAction.CANCEL:
                 self._on_cancel(event, out)
+            elif event.action is CommandAction.RESIZE:
+                self._on_resize(event, out)
         elif isinstance(event, NodeRegistered):
             self.nodes[event.inventory.node_id] = NodeView(event.inventory)
             self._node_cache = None
@@ -237,6 +277,16 @@ class SchedulerState:
                        if p.task_id == st.task and p.attempt == st.attempt), None)
         if placed is None or placed.state in TERMINAL:
             return
+        if placed.removed:  # a replica a shrink stopped: the job goes on without it
+            if st.state in TERMINAL:
+                job.placed.remove(placed)
+                self.needs_cycle = True  # resources freed (the job that asked may start)
+            elif st.state is JobState.RUNNING and placed.state is JobState.BOUND:
+                placed.state = JobState.RUNNING
+            else:
+                return
+            out.dirty_jobs.add(job.job_id)
+            return
         if st.state is JobState.RUNNING:
             if placed.state is not JobState.BOUND:
                 return
@@ -303,7 +353,7 @@ class SchedulerState:
                 p.state = JobState.FAILED
             out.dirty_jobs.add(job.job_id)
             if job.state in (JobState.BOUND, JobState.RUNNING) and any(
-                    p.attempt == job.attempt for p in hit):
+                    p.attempt == job.attempt and not p.removed for p in hit):
                 if job.cancel_requested:
                     self._advance(job, JobStatus(job_id=job.job_id, state=JobState.FAILED,
                                                  reason="node lost", attempt=job.attempt), out)
@@ -333,11 +383,13 @@ class SchedulerState:
             )
         return self._node_cache
 
-    def _request(self, job: SchedJob, owner: str | None = None) -> JobRequest:
-        key = (owner or job.job_id, job.attempt)
+    def _request(self, job: SchedJob, owner: str | None = None,
+                 caps: dict[str, int] | None = None) -> JobRequest:
+        key = (owner or job.job_id, job.attempt, tuple(sorted(job.targets.items())),
+               tuple(sorted((caps or {}).items())))
         req = self._requests.get(key)
         if req is None:
-            req = job_request(job)
+            req = job_request(job, caps)
             if owner is not None:
                 req = replace(req, job_id=owner)
             self._requests[key] = req
@@ -355,22 +407,27 @@ class SchedulerState:
             live = list(job.live())
             if not live or job.ready is None:
                 continue
-            for attempt in sorted({p.attempt for p in live}):
-                current = attempt == job.attempt and job.state in (JobState.BOUND,
-                                                                  JobState.RUNNING)
-                owner = job.job_id if current else f"{job.job_id}~{attempt}"
+            # replicas a shrink is stopping hold their resources apart from the job
+            # (``<job>~<attempt>~rz``, terminating), so the core neither counts them as
+            # the job's replicas nor shrinks them again
+            for attempt, removed in sorted({(p.attempt, p.removed) for p in live}):
+                current = attempt == job.attempt and not removed and job.state in (
+                    JobState.BOUND, JobState.RUNNING)
+                owner = job.job_id if current else (
+                    f"{job.job_id}~{attempt}" + ("~rz" if removed else ""))
                 for p in live:
-                    if p.attempt != attempt:
+                    if p.attempt != attempt or p.removed is not removed:
                         continue
                     key = (owner, p.task_id, attempt)
                     live_keys.add(key)
                     alloc = self._allocs.get(key)
                     if alloc is None:
                         alloc = self._allocs[key] = Allocation(
-                            owner, p.task_id, p.node_id, p.gpus, p.cpu_milli, p.memory_mib,
+                            owner, p.core_id, p.node_id, p.gpus, p.cpu_milli, p.memory_mib,
                             p.task_name)
                     allocations.append(alloc)
-                request = self._request(job, None if current else owner)
+                request = self._request(job, None if current else owner,
+                                        self._caps(job) if current else None)
                 running.append(RunningJob(
                     request, start_time=job.bound_at if job.bound_at is not None else now,
                     terminating=not current or bool(job.preempted_by) or job.cancel_requested))
@@ -388,6 +445,12 @@ class SchedulerState:
         return Snapshot(now=now, nodes=self._nodes(), allocations=tuple(allocations),
                         pending=pending, running=tuple(running))
 
+    @staticmethod
+    def _caps(job: SchedJob) -> dict[str, int] | None:
+        """A group with a replica that completed is finishing: it does not grow again."""
+        done = {p.task_name for p in job.current() if p.state is JobState.SUCCEEDED}
+        return {n: len(job.active(n)) for n in done} or None
+
     def cycle(self, now: float, out: Output) -> Plan:
         self.needs_cycle = False
         plan = self.placer(self.snapshot(now))
@@ -401,6 +464,8 @@ class SchedulerState:
             out.dirty_jobs.add(victim.job_id)
             self._stop_tasks(victim, out, f"preempted ({pre.reason.value}) for {pre.preemptor}",
                              grace_s=pre.grace_period_s)
+        for rz in plan.resizes:
+            self._apply_resize(rz, out)
         for job_id, binds in plan.binds_by_job().items():
             job = self.jobs[job_id]
             assert job.ready is not None
@@ -416,7 +481,109 @@ class SchedulerState:
             self._publish_bindings(job, new, out)
             self._status(out, job, JobState.BOUND, f"placed on {len({p.node_id for p in new})}"
                          " node(s)")
+            if any(t.elastic and len(job.active(t.name)) < t.most_replicas
+                   for t in job.ready.spec.tasks):
+                self.needs_cycle = True  # it may grow next cycle (placement never grows)
         return plan
+
+    # --- elastic resizes ---------------------------------------------------------------
+
+    def _apply_resize(self, rz: Resize, out: Output) -> None:
+        job = self.jobs.get(rz.job_id)
+        if job is None or job.ready is None or job.cancel_requested or job.preempted_by or \
+                job.state not in (JobState.BOUND, JobState.RUNNING):
+            return
+        if rz.reason is ResizeReason.GROW:
+            self._grow(job, rz, out)
+            return
+        by_core = {p.core_id: p for p in job.active(rz.task_name)}
+        stop = [by_core[t] for t in rz.stop_task_ids if t in by_core]
+        self._shrink(job, rz.task_name, stop,
+                     f"shrink for {rz.for_job}" if rz.for_job else "shrink",
+                     rz.grace_period_s, out)
+
+    def _grow(self, job: SchedJob, rz: Resize, out: Output) -> None:
+        before = len(job.active(rz.task_name))
+        job.resizes += 1
+        used = {p.rank for p in job.active()}
+        free_ranks = (r for r in itertools.count() if r not in used)
+        new = [Placed(f"{b.task_id}.{job.resizes}", b.task_name, b.replica, next(free_ranks),
+                      b.node_id, b.gpus, b.cpu_milli, b.memory_mib, job.attempt)
+               for b in sorted(rz.binds, key=lambda b: b.replica)]
+        job.placed.extend(new)
+        out.dirty_jobs.add(job.job_id)
+        why = "grow into idle GPUs"
+        self._publish_resize(job, new, [], why, 0.0, out)
+        self._resized(job, rz.task_name, before, before + len(new), why, out)
+
+    def _shrink(self, job: SchedJob, task_name: str, stop: list[Placed], why: str,
+                grace_s: float, out: Output) -> None:
+        if not stop:
+            return
+        before = len(job.active(task_name))
+        for p in stop:
+            p.removed = True
+        job.resizes += 1
+        out.dirty_jobs.add(job.job_id)
+        self._publish_resize(job, [], stop, why, grace_s, out)
+        self._resized(job, task_name, before, before - len(stop), why, out)
+
+    def _on_resize(self, cmd: JobCommand, out: Output) -> None:
+        """A user asks for ``replicas`` of an elastic group: fewer stop now (highest
+        replicas first); more grow when GPUs are idle; either way it is the new cap."""
+        job = self.jobs.get(cmd.job_id)
+        if job is None or job.ready is None or job.state in TERMINAL or \
+                job.cancel_requested or cmd.replicas is None:
+            log.warning("resize ignored: no such live job", job=cmd.job_id)
+            return
+        elastic = [t for t in job.ready.spec.tasks if t.elastic]
+        task = (next((t for t in elastic if t.name == cmd.task), None) if cmd.task
+                else elastic[0] if len(elastic) == 1 else None)
+        if task is None or not task.least_replicas <= cmd.replicas <= task.most_replicas:
+            log.warning("resize ignored: no elastic group or out of range", job=cmd.job_id,
+                        task=cmd.task, replicas=cmd.replicas)
+            return
+        job.targets[task.name] = cmd.replicas
+        out.dirty_jobs.add(job.job_id)
+        self.needs_cycle = True
+        if job.state in (JobState.BOUND, JobState.RUNNING) and not job.preempted_by:
+            active = sorted(job.active(task.name), key=lambda p: p.replica, reverse=True)
+            self._shrink(job, task.name, active[:max(0, len(active) - cmd.replicas)],
+                         f"resize to {cmd.replicas} requested"
+                         + (f" by {cmd.requested_by}" if cmd.requested_by else ""),
+                         DEFAULT_GRACE_S, out)
+
+    def _publish_resize(self, job: SchedJob, start: list[Placed], stop: list[Placed],
+                        reason: str, grace_s: float, out: Output) -> None:
+        """One ``resize`` binding per node touched: the new replicas to start (with the
+        job's membership after the change) and the replicas to stop."""
+        assert job.ready is not None
+        by_name = {t.name: t for t in job.ready.spec.tasks}
+        members = sorted(job.active(), key=lambda p: p.rank)
+        master_addr = self._address(members[0].node_id) if members else ""
+        cluster = [ClusterMember(role=by_name[p.task_name].effective_role, rank=p.rank,
+                                 host=self._address(p.node_id)) for p in members]
+        for node_id in sorted({p.node_id for p in start + stop}):
+            on_node = [p for p in members if p.node_id == node_id]
+            binding = Binding(
+                binding_id=f"{job.job_id}-{job.attempt}-{node_id}-rz{job.resizes}",
+                action=BindingAction.RESIZE, node_id=node_id, epoch=self.epoch,
+                job_id=job.job_id, attempt=job.attempt, world_size=len(members),
+                master_addr=master_addr, duration_s=job.ready.spec.duration, cluster=cluster,
+                grace_period_s=grace_s, reason=reason,
+                tasks=[self._task_binding(p, by_name, node_id, on_node.index(p), len(on_node))
+                       for p in start if p.node_id == node_id],
+                stop_task_ids=[p.task_id for p in stop if p.node_id == node_id])
+            out.emit(binding, self.SOURCE, event_id=f"resize-{binding.binding_id}-e{self.epoch}")
+
+    def _resized(self, job: SchedJob, task_name: str, before: int, after: int, why: str,
+                 out: Output) -> None:
+        assert job.ready is not None
+        out.emit(JobStatus(
+            job_id=job.job_id, state=job.state, reason="resized", attempt=job.attempt,
+            message=f"{task_name}: {before} -> {after} replicas ({why})", epoch=self.epoch,
+            replicas={t.name: len(job.active(t.name)) for t in job.ready.spec.tasks}),
+            self.SOURCE, event_id=f"resized-{job.job_id}-{job.attempt}-{job.resizes}")
 
     def _publish_bindings(self, job: SchedJob, tasks: list[Placed], out: Output) -> None:
         assert job.ready is not None
@@ -430,24 +597,29 @@ class SchedulerState:
         cluster = [ClusterMember(role=by_name[p.task_name].effective_role, rank=p.rank,
                                  host=self._address(p.node_id)) for p in tasks]
         for node_id, placed in by_node.items():
-            inv = self.nodes[node_id].inventory if node_id in self.nodes else None
-            uuids = {g.index: g.uuid for g in inv.gpus} if inv else {}
             binding = Binding(
                 binding_id=f"{job.job_id}-{job.attempt}-{node_id}",
                 action=BindingAction.ALLOCATE, node_id=node_id, epoch=self.epoch,
                 job_id=job.job_id, attempt=job.attempt, world_size=len(tasks),
                 master_addr=master_addr, duration_s=spec.duration, cluster=cluster,
-                tasks=[TaskBinding(
-                    task_id=p.task_id, task_name=p.task_name,
-                    role=by_name[p.task_name].effective_role, replica=p.replica, rank=p.rank,
-                    local_rank=local,
-                    gpus=[GpuAssignment(index=g.index, uuid=uuids.get(g.index, ""),
-                                        memory_mib=g.memory_mib, compute_pct=g.compute_pct)
-                          for g in p.gpus],
-                    cpu_milli=p.cpu_milli, memory_mib=p.memory_mib,
-                    image=by_name[p.task_name].image, command=by_name[p.task_name].command,
-                    env=by_name[p.task_name].env) for local, p in enumerate(placed)])
+                tasks=[self._task_binding(p, by_name, node_id, local, len(placed))
+                       for local, p in enumerate(placed)])
             out.emit(binding, self.SOURCE, event_id=f"bind-{binding.binding_id}-e{self.epoch}")
+
+    def _task_binding(self, p: Placed, by_name: Mapping[str, TaskSpec], node_id: str,
+                      local_rank: int, local_world_size: int) -> TaskBinding:
+        view = self.nodes.get(node_id)
+        uuids = {g.index: g.uuid for g in view.inventory.gpus} if view else {}
+        spec = by_name[p.task_name]
+        return TaskBinding(
+            task_id=p.task_id, task_name=p.task_name, role=spec.effective_role,
+            replica=p.replica, rank=p.rank, local_rank=local_rank,
+            local_world_size=local_world_size,
+            gpus=[GpuAssignment(index=g.index, uuid=uuids.get(g.index, ""),
+                                memory_mib=g.memory_mib, compute_pct=g.compute_pct)
+                  for g in p.gpus],
+            cpu_milli=p.cpu_milli, memory_mib=p.memory_mib, image=spec.image,
+            command=spec.command, env=spec.env)
 
     def _address(self, node_id: str) -> str:
         view = self.nodes.get(node_id)
@@ -480,6 +652,15 @@ class SchedulerState:
                 self._publish_bindings(job, job.current(), out)
             if job.cancel_requested and any(True for _ in job.live()):
                 self._stop_tasks(job, out, "cancelled")
+            elif job.state in (JobState.BOUND, JobState.RUNNING) and not job.preempted_by:
+                # resizes the agents may have missed: grown replicas not yet running,
+                # removed ones not yet stopped (agents do each once)
+                grown = ([p for p in job.active() if p.state is JobState.BOUND]
+                         if job.state is JobState.RUNNING else [])
+                stopping = [p for p in job.live() if p.removed and p.attempt == job.attempt]
+                if grown or stopping:
+                    self._publish_resize(job, grown, stopping, "resent by a new leader",
+                                         DEFAULT_GRACE_S, out)
 
     def _status(self, out: Output, job: SchedJob, state: JobState, reason: str,
                 exit_code: int | None = None) -> None:
@@ -498,7 +679,8 @@ class SchedulerState:
             "ready": job.ready.model_dump_json() if job.ready else "{}",
             "placement": [p.to_json() for p in job.placed],
             "tasks": {"seq": job.seq, "cancel_requested": job.cancel_requested,
-                      "bound_at": job.bound_at, "preempted_by": job.preempted_by},
+                      "bound_at": job.bound_at, "preempted_by": job.preempted_by,
+                      "targets": job.targets, "resizes": job.resizes},
         }
 
     def evict_finished(self) -> None:
@@ -515,6 +697,7 @@ class SchedulerState:
         job = SchedJob(row["job_id"], ready, JobState(row["state"]), row["attempt"],
                        meta.get("seq", 0), [Placed.from_json(p) for p in row["placement"]],
                        meta.get("cancel_requested", False), meta.get("bound_at"),
-                       meta.get("preempted_by", ""))
+                       meta.get("preempted_by", ""), dict(meta.get("targets") or {}),
+                       meta.get("resizes", 0))
         self.jobs[job.job_id] = job
         self._seq = max(self._seq, job.seq)

@@ -28,6 +28,14 @@ class ReadyBuilder:
         self._task["replicas"] = n
         return self
 
+    def elastic(self, least: int, most: int) -> ReadyBuilder:
+        self._task["minReplicas"], self._task["maxReplicas"] = least, most
+        return self
+
+    def duration(self, seconds: float) -> ReadyBuilder:
+        self._spec["duration"] = seconds
+        return self
+
     def priority_class(self, name: str) -> ReadyBuilder:
         self._spec["priorityClass"] = name
         return self

@@ -2,10 +2,13 @@
 
 Bindings are idempotent (a task is keyed by job/task/attempt and started once) and
 fenced (a binding from a lower scheduler epoch than one already seen is refused).
+A ``resize`` binding stops the replicas it names (checkpoint signal, grace period,
+kill) and starts the new ones; the job's other tasks are not touched.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -46,6 +49,7 @@ Publish = Callable[[Event, str | None], Awaitable[None]]
 class TaskRecord:
     launch: TaskLaunch
     stop_state: JobState | None = None  # set when the scheduler asked for a stop
+    stop_reason: str = "stopped by scheduler"
 
 
 class NodeAgent:
@@ -93,6 +97,22 @@ class NodeAgent:
                           else JobState.CANCELLED)
             for t in b.tasks:
                 await self._stop(b, t.task_id, stop_state)
+        elif b.action is BindingAction.RESIZE:
+            await self._resize(b)
+
+    async def _resize(self, b: Binding) -> None:
+        """Stop the removed replicas (together: each gets the grace period), then start
+        the added ones. A redelivery does nothing twice: a stopped or stopping task is
+        not signalled again, a started one not started again."""
+        stops = [tid for tid in b.stop_task_ids
+                 if (rec := self._tasks.get(f"{b.job_id}/{tid}/{b.attempt}")) is None
+                 or rec.stop_state is None]
+        if stops:
+            log.info("resize: stopping replicas", job=b.job_id, tasks=stops, reason=b.reason)
+            await asyncio.gather(*(self._stop(b, tid, JobState.CANCELLED, "resized")
+                                   for tid in stops))
+        for t in b.tasks:
+            await self._start(b, t)
 
     async def _start(self, b: Binding, t: TaskBinding) -> None:
         launch = TaskLaunch(
@@ -115,7 +135,8 @@ class NodeAgent:
         self._load(launch, +1)
         await self._report(launch, JobState.RUNNING, "started")
 
-    async def _stop(self, b: Binding, task_id: str, state: JobState) -> None:
+    async def _stop(self, b: Binding, task_id: str, state: JobState,
+                    why: str = "stopped by scheduler") -> None:
         """Checkpoint signal, grace period, then kill (the runtime's stop)."""
         key = f"{b.job_id}/{task_id}/{b.attempt}"
         rec = self._tasks.get(key)
@@ -123,11 +144,12 @@ class NodeAgent:
             if key not in self._done:  # never started here: nothing to stop, say so
                 self._remember(key)
                 await self._publish(JobStatus(
-                    job_id=b.job_id, state=state, reason=f"stopped before start: {b.reason}",
+                    job_id=b.job_id, state=state,
+                    reason=f"{why}: stopped before start: {b.reason}",
                     attempt=b.attempt, task=task_id, node_id=self.node_id, epoch=b.epoch),
                     f"{state.value}-{key}")
             return
-        rec.stop_state = state
+        rec.stop_state, rec.stop_reason = state, why
         await self.runtime.stop(key, b.grace_period_s, reason=state.value, message=b.reason)
 
     async def _on_exit(self, ex: TaskExit) -> None:
@@ -137,7 +159,7 @@ class NodeAgent:
         self._remember(ex.key)
         self._load(rec.launch, -1)
         if rec.stop_state is not None:
-            state, reason = rec.stop_state, "stopped by scheduler"
+            state, reason = rec.stop_state, rec.stop_reason
         elif ex.exit_code == 0:
             state, reason = JobState.SUCCEEDED, ex.reason
         else:

@@ -67,7 +67,9 @@ def rendezvous_env(binding: Binding, task: TaskBinding,
     ``members``: every task of the job as (role, rank, host[, port]); defaults to
     ``binding.cluster`` where the binding has it. ``use_tf_config``: None sets TF_CONFIG
     when the job has parameter servers. ``local_rank``: defaults to ``task.local_rank``
-    where present, else the task's position by rank among this node's tasks.
+    where present, else the task's position by rank among this node's tasks;
+    ``LOCAL_WORLD_SIZE`` is ``task.local_world_size`` where present (a resize binding
+    lists only the new tasks of a node), else the binding's task count.
     """
     cluster = _members(binding, members)
     local_ranks = sorted(t.rank for t in binding.tasks) or [task.rank]
@@ -85,7 +87,7 @@ def rendezvous_env(binding: Binding, task: TaskBinding,
         "WORLD_SIZE": str(binding.world_size),
         "RANK": str(task.rank),
         "LOCAL_RANK": str(local_rank),
-        "LOCAL_WORLD_SIZE": str(len(local_ranks)),
+        "LOCAL_WORLD_SIZE": str(getattr(task, "local_world_size", None) or len(local_ranks)),
     }
     if use_tf_config is None:
         use_tf_config = any(tf_role(m.role) == "ps" for m in cluster) or tf_role(task.role) == "ps"

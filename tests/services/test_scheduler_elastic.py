@@ -128,7 +128,7 @@ def test_a_user_resize_shrinks_at_once_and_caps_growth() -> None:
                              requested_by="alice"))
     bs = bindings(out)
     stopped = {t for b in bs for t in b.stop_task_ids}
-    assert {s.jobs["E"].placed[i].replica for i, p in enumerate(s.jobs["E"].placed)
+    assert {p.replica for p in s.jobs["E"].placed
             if p.task_id in stopped} == {2, 3}  # the highest replicas go first
     assert bs[0].reason == "resize to 2 requested by alice"
     [st] = job_statuses(out)
@@ -200,7 +200,7 @@ def test_resized_allocations_survive_a_restart_and_are_resent_by_the_next_leader
 
 
 def test_a_resize_binding_is_fenced_like_any_other() -> None:
-    s, out = grown(new_state(epoch=7))
+    _, out = grown(new_state(epoch=7))
     assert {b.epoch for b in bindings(out)} == {7}
     b: Binding = bindings(out)[0]
     assert b.binding_id.startswith("E-1-") and "-rz" in b.binding_id

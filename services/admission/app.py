@@ -1,4 +1,4 @@
-"""The HTTP gateway: submit, get, list and cancel jobs; list nodes. All under /v1."""
+"""The HTTP gateway: submit, get, list, cancel and resize jobs; list nodes. All under /v1."""
 
 
 import json
@@ -11,15 +11,16 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Res
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import Counter, Histogram
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission import store
 from services.admission.auth import Principal, authenticate
 from services.admission.settings import AdmissionSettings
-from shared.events import JobState
+from shared.events import CommandAction, JobCommand, JobState
 from shared.http import ReadyCheck, add_ops_routes
 from shared.jobspec import JobSpec, parse_job_spec
+from shared.outbox import add_to_outbox
 
 Caller = Annotated[Principal, Depends(authenticate)]
 HTTP_REQUESTS = Counter("kairos_http_requests_total", "HTTP requests served",
@@ -63,6 +64,13 @@ class JobOut(BaseModel):
     spec: dict[str, Any]
     history: list[HistoryEntry] | None = None
     placement: list[PlacementEntry] | None = None
+    replicas: dict[str, int] | None = Field(
+        default=None, description="replicas placed now, per task (elastic jobs resize)")
+
+
+class ResizeIn(BaseModel):
+    replicas: int = Field(ge=1, le=1024, description="replicas wanted")
+    task: str | None = Field(default=None, description="the elastic task; empty = the only one")
 
 
 class JobList(BaseModel):
@@ -98,6 +106,9 @@ def _job_out(row: dict[str, Any], detail: bool = False) -> JobOut:
     if detail:
         out.history = [HistoryEntry(**h) for h in row.get("history", [])]
         out.placement = [PlacementEntry(**p) for p in row.get("placement", [])]
+        if out.placement:  # task ids are <task>-<replica>[.<incarnation>]
+            names = [p.task_id.split(".")[0].rsplit("-", 1)[0] for p in out.placement]
+            out.replicas = {n: names.count(n) for n in dict.fromkeys(names)}
     return out
 
 
@@ -196,6 +207,38 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
             raise HTTPException(status.HTTP_409_CONFLICT,
                                 detail=f"job {job_id} already ended ({row['state']})")
         await store.request_cancel(engine, job_id, caller.user)
+        return _job_out(row, detail=True)
+
+    @app.post("/v1/jobs/{job_id}/resize", status_code=202, response_model=JobOut)
+    async def resize_job(job_id: str, body: ResizeIn, caller: Caller) -> JobOut:
+        """Ask for another replica count of an elastic task (between its minReplicas and
+        maxReplicas): fewer stop at once, more start when GPUs are free."""
+        row = await _visible_job(job_id, caller)
+        if JobState(row["state"]).terminal:
+            raise HTTPException(status.HTTP_409_CONFLICT,
+                                detail=f"job {job_id} already ended ({row['state']})")
+        spec = JobSpec.model_validate(row["spec"] if isinstance(row["spec"], dict)
+                                      else json.loads(row["spec"]))
+        elastic = [t for t in spec.tasks if t.elastic]
+        if not elastic:
+            raise HTTPException(status.HTTP_409_CONFLICT, detail=(
+                f"job {job_id} is not elastic: no task sets minReplicas/maxReplicas"))
+        task = next((t for t in elastic if t.name == body.task), None) if body.task else (
+            elastic[0] if len(elastic) == 1 else None)
+        if task is None:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=[{
+                "field": "task", "type": "value_error", "message": "name one of the elastic "
+                f"tasks: {', '.join(t.name for t in elastic)}"}])
+        if not task.least_replicas <= body.replicas <= task.most_replicas:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=[{
+                "field": "replicas", "type": "value_error", "message": (
+                    f"task {task.name} runs {task.least_replicas} to {task.most_replicas} "
+                    f"replicas, not {body.replicas}")}])
+        async with engine.begin() as conn:
+            await add_to_outbox(conn, JobCommand(
+                job_id=job_id, action=CommandAction.RESIZE, replicas=body.replicas,
+                task=task.name, reason=f"resize to {body.replicas} requested",
+                requested_by=caller.user), "admission")
         return _job_out(row, detail=True)
 
     @app.get("/v1/nodes", response_model=list[NodeOut])

@@ -208,8 +208,8 @@ async def apply_status(conn: AsyncConnection, event_id: str, st: JobStatus,
 
 
 async def apply_binding(conn: AsyncConnection, b: Binding, occurred_at: datetime) -> None:
-    if b.action is not BindingAction.ALLOCATE or not b.tasks:
-        return
+    if b.action not in (BindingAction.ALLOCATE, BindingAction.RESIZE) or not b.tasks:
+        return  # a resize lists the replicas it adds; removed ones leave on their report
     await conn.execute(
         text("""INSERT INTO allocations_view (job_id, task_id, node_id, attempt, gpus,
                     cpu_milli, memory_mib, bound_at)

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+from pydantic import ValidationError
+
 from scheduling import Scheduler, SchedulerConfig
 from services.scheduler.state import Output, SchedulerState
 from shared.events import (
@@ -16,6 +19,7 @@ from shared.events import (
     JobState,
     JobStatus,
 )
+from shared.jobspec import parse_job_spec
 from tests.services.builders import node, ready
 from tests.services.test_scheduler_state import bindings, step, task_status
 
@@ -204,3 +208,17 @@ def test_a_resize_binding_is_fenced_like_any_other() -> None:
     assert {b.epoch for b in bindings(out)} == {7}
     b: Binding = bindings(out)[0]
     assert b.binding_id.startswith("E-1-") and "-rz" in b.binding_id
+
+
+def test_the_job_spec_bounds_an_elastic_group() -> None:
+    def spec(**task: object) -> object:
+        return parse_job_spec({"name": "e", "tasks": [{"name": "w", **task}]})
+
+    t = spec(replicas=2, minReplicas=1, maxReplicas=8).tasks[0]  # type: ignore[attr-defined]
+    assert (t.elastic, t.least_replicas, t.most_replicas) == (True, 1, 8)
+    assert not spec(replicas=2).tasks[0].elastic  # type: ignore[attr-defined]
+    assert spec(replicas=2, maxReplicas=4).tasks[0].least_replicas == 2  # type: ignore[attr-defined]
+    for bad in ({"replicas": 5, "maxReplicas": 4}, {"replicas": 1, "minReplicas": 2},
+                {"replicas": 1, "minReplicas": 0}):
+        with pytest.raises(ValidationError, match="eplicas"):
+            spec(**bad)

@@ -56,6 +56,7 @@ class JobInfo:
     estimate: float | None = None  # runtime estimate, seconds
     starved: bool = False
     shape: tuple[Any, ...] = ()
+    pshape: int = 0  # interned (shape, static priority, tenant): the preemption memo's key
 
 
 @dataclass(slots=True)
@@ -138,6 +139,12 @@ class Cycle:
         self.gpu_penalty: FloatArray | None = None  # per GPU, from telemetry
         self.quota_book: QuotaBook | None = None
         self._runs: RunTable | None = None
+        # the pending jobs' numbers, one column per job in the order of the JobInfo list
+        # (rows: scheduling.jobcols), and what ordering found
+        self.cols: FloatArray = np.zeros((10, 0))
+        self.order: IntArray = np.zeros(0, dtype=np.int64)  # JobInfo positions, in order
+        self.job_priority: FloatArray | None = None  # combined priority (priority plugin)
+        self.job_starved: BoolArray | None = None  # waited past the starvation bound
 
     def runs(self) -> RunTable:
         if self._runs is None:
@@ -167,6 +174,11 @@ class Plugin:
 
     def admit(self, cycle: Cycle, info: JobInfo) -> PendingReason | None:
         return None
+
+    def admit_active(self, cycle: Cycle) -> bool:
+        """Whether ``admit`` may refuse anything this cycle (False lets the scheduler
+        settle the jobs left over in bulk once the cluster is full for them)."""
+        return True
 
     def node_mask(self, cycle: Cycle, info: JobInfo, task: TaskRequest) -> BoolArray | None:
         return None

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from scheduling import jobcols as jc
 from scheduling.backfill import reserve
 from scheduling.config import SchedulerConfig
 from scheduling.framework import Cycle, JobInfo, Placing, Plugin, RunningInfo, overrides
@@ -79,9 +80,10 @@ class Scheduler:
         self._table: NodeTable | None = None
         self._base: tuple[NodeTable, dict[int, Allocation], ClusterState] | None = None
         self._meta: dict[int, tuple[int, float]] = {}  # id(allocation) -> (node index, GPUs)
-        self._infos: dict[int, tuple[JobRequest, JobInfo]] = {}
-        self._shapes: dict[tuple[object, ...], int] = {}
-        self._statics: dict[int, tuple[JobRequest, float]] = {}  # job shapes, interned for the fit memo
+        self._infos: dict[int, tuple[JobRequest, JobInfo, int]] = {}  # id(job) -> job, info, row
+        self._shapes: dict[tuple[object, ...], int] = {}  # job shapes, interned for the fit memo
+        self._statics: dict[int, tuple[JobRequest, float]] = {}  # running job -> static priority
+        self._cols = jc.JobColumns()
 
     # --- public API --------------------------------------------------------------------
     def schedule(self, snapshot: Snapshot) -> Plan:
@@ -191,54 +193,67 @@ class Scheduler:
         return state
 
     def _job_infos(self, cycle: Cycle) -> list[JobInfo]:
-        """Per-job derived data, kept across cycles while the job object is the same."""
-        old, new = self._infos, {}
-        out = []
-        gang = self.hooks["min_members"]
-        rank = cycle.role_rank
-        for job in cycle.snapshot.pending:
-            hit = old.get(id(job))
-            if hit is not None and hit[0] is job:
-                info = hit[1]
-            else:
-                tasks = tuple(sorted(job.tasks, key=lambda t: rank.get(t.role, len(rank)))) if rank else job.tasks
-                gpus = job.total_gpus
-                info = JobInfo(
-                    job=job, tasks=tasks,
-                    demand=Resources(gpus, sum(t.cpu_milli * t.replicas for t in tasks),
-                                     sum(t.memory_mib * t.replicas for t in tasks)),
-                    gpus=gpus, min_members=1,
-                )
-                for g in gang:
-                    info.min_members = g.min_members(info) or info.min_members
-                shape = (
-                    tuple((t.gpu, t.gpu_memory_mib, t.gpu_compute_pct, t.mig_slices, t.cpu_milli,
-                           t.memory_mib, t.replicas, t.role) for t in tasks),
-                    info.min_members, job.gpu_models, tuple(sorted(job.node_selector.items())),
-                    job.tolerations, job.affinity)
-                info.shape = (self._shapes.setdefault(shape, len(self._shapes)),)
-                info.static_priority = cycle.priority_of(job)
-            new[id(job)] = (job, info)
-            info.priority = info.static_priority
-            info.starved = False
-            est = job.runtime_estimate_s
-            if est is None and self.backfill is not None:
-                est = self.backfill.default_runtime_s
-            info.estimate = est
-            out.append(info)
+        """Per-job derived data, kept across cycles while the job object is the same;
+        their numbers gathered into ``cycle.cols`` (one column per job, same order)."""
+        old = self._infos
+        pending = cycle.snapshot.pending
+        hits = [old.get(id(j)) for j in pending]
+        for k in [k for k, (j, h) in enumerate(zip(pending, hits, strict=True)) if h is None or h[0] is not j]:
+            info = self._new_info(cycle, pending[k])
+            hits[k] = (pending[k], info, self._cols.add(self._row(info)))
+        new = {id(h[0]): h for h in hits if h is not None}
+        self._cols.release(old[k][2] for k in old.keys() - new.keys())
         self._infos = new
-        return out
+        rows = np.array([h[2] for h in hits if h is not None], dtype=np.int64)
+        cycle.cols = self._cols.gather(rows)
+        return [h[1] for h in hits if h is not None]
+
+    def _new_info(self, cycle: Cycle, job: JobRequest) -> JobInfo:
+        rank = cycle.role_rank
+        tasks = tuple(sorted(job.tasks, key=lambda t: rank.get(t.role, len(rank)))) if rank else job.tasks
+        gpus = job.total_gpus
+        info = JobInfo(
+            job=job, tasks=tasks,
+            demand=Resources(gpus, sum(t.cpu_milli * t.replicas for t in tasks),
+                             sum(t.memory_mib * t.replicas for t in tasks)),
+            gpus=gpus, min_members=1,
+        )
+        for g in self.hooks["min_members"]:
+            info.min_members = g.min_members(info) or info.min_members
+        shape = (
+            tuple((t.gpu, t.gpu_memory_mib, t.gpu_compute_pct, t.mig_slices, t.cpu_milli,
+                   t.memory_mib, t.replicas, t.role) for t in tasks),
+            info.min_members, job.gpu_models, tuple(sorted(job.node_selector.items())),
+            job.tolerations, job.affinity)
+        info.shape = (self._shapes.setdefault(shape, len(self._shapes)),)
+        info.static_priority = cycle.priority_of(job)
+        pkey = (info.shape[0], info.static_priority, job.tenant)
+        info.pshape = self._shapes.setdefault(pkey, len(self._shapes))
+        info.priority = info.static_priority  # the priority plugin adds aging per cycle
+        est = job.runtime_estimate_s
+        if est is None and self.backfill is not None:
+            est = self.backfill.default_runtime_s
+        info.estimate = est
+        return info
+
+    def _row(self, info: JobInfo) -> tuple[float, ...]:
+        job = info.job
+        return (job.submit_time, info.static_priority, info.gpus, info.shape[0], info.pshape,
+                np.nan if info.estimate is None else info.estimate, job.attained_service_s,
+                info.demand.cpu_milli, info.demand.memory_mib, self._cols.tenant_code(job.tenant))
 
     # --- phase 2: order ----------------------------------------------------------------
     def _ordered(self, cycle: Cycle, infos: list[JobInfo]) -> list[JobInfo]:
         if not infos:
+            cycle.order = np.zeros(0, dtype=np.int64)
             return []
         keys = []
         for p in self.hooks["order_keys"]:
             keys += p.order_keys(cycle, infos)
-        keys.append(np.fromiter((i.job.submit_time for i in infos), float, len(infos)))
+        keys.append(cycle.cols[jc.SUBMIT])
         keys.append(np.arange(len(infos), dtype=float))
         order = np.lexsort(keys[::-1])
+        cycle.order = order
         return [infos[k] for k in order.tolist()]
 
 
@@ -268,24 +283,37 @@ class _Run:
         self.both = self.hard
         self.preempt_budget = sched.config.preemption.max_preemptors_per_cycle if (
             sched.config.preemption.enabled) else 0
+        self.admit_hooks = sched.hooks["admit"]
+        self.memo_grew = False  # this job added to the failure / no-victims memos or used a try
+        self.arrays: tuple[np.ndarray, ...] | None = None  # per ordered job, for _settle_rest
 
     def run(self) -> Plan:
-        ordered = self.s._ordered(self.cycle, self.infos)
+        cycle = self.cycle
+        ordered = self.s._ordered(cycle, self.infos)
         self.plan.order = [i.job.job_id for i in ordered]
-        stop_all = False
-        for info in ordered:
-            if stop_all:
-                self.plan.pending[info.job.job_id] = PendingReason.PRIORITY
-                continue
+        pend = self.plan.pending
+        can_bulk = not any(p.admit_active(cycle) for p in self.admit_hooks)
+        aged = cycle.job_priority is not None and cycle.job_starved is not None
+        if aged:
+            assert cycle.job_priority is not None and cycle.job_starved is not None
+            prio = cycle.job_priority[cycle.order].tolist()
+            starved = cycle.job_starved[cycle.order].tolist()
+        for pos, info in enumerate(ordered):
+            if aged:
+                info.priority, info.starved = prio[pos], starved[pos]
+            self.memo_grew = False
             reason = self._allocate(info)
             if reason is None:
                 continue
-            self.plan.pending[info.job.job_id] = reason
+            pend[info.job.job_id] = reason
             if reason in _CAPACITY and info.starved and not any(
                     r.job_id == info.job.job_id for r in self.plan.reservations):
                 # A starved job without a reservation (no backfill, or no estimate tells
                 # when it could start) holds the line: nothing after it starts.
-                stop_all = True
+                pend.update((i.job.job_id, PendingReason.PRIORITY) for i in ordered[pos + 1:])
+                break
+            if can_bulk and self.memo_grew and self._settle_rest(ordered, pos + 1):
+                break
         if self.s.elastic is not None and self.s.elastic.grow:
             self._grow()
         return self.plan
@@ -302,13 +330,15 @@ class _Run:
 
     def _allocate(self, info: JobInfo) -> PendingReason | None:
         cycle = self.cycle
-        for p in self.s.hooks["admit"]:
+        for p in self.admit_hooks:
             r = p.admit(cycle, info)
             if r is not None:
                 return r
         block, soft = self._block_for(info)
         key = (info.shape, soft)
         reason = self.failed.get(key)
+        if reason is not None and (reason not in _CAPACITY or self._settled(info, soft)):
+            return reason  # the same ask failed this cycle and nothing more can be tried
         if reason is None:
             binds, placed = self.placer.place_job(cycle.state, info, block, info.min_members)
             if binds is not None:
@@ -316,6 +346,7 @@ class _Run:
                 return None
             reason = self._why(info, block, placed)
             self.failed[key] = reason
+            self.memo_grew = True
         if reason in _CAPACITY:
             # a failed attempt is remembered per shape, priority and tenant: victims only
             # get scarcer during the cycle, so the same ask would fail again
@@ -324,10 +355,62 @@ class _Run:
                 if self._preempt(info, block):
                     return PendingReason.PREEMPTING
                 self.no_victims.add(pkey)
+                self.memo_grew = True
             if self.s.backfill is not None and self.reserve_tries < self.s.backfill.depth:
                 self.reserve_tries += 1  # EASY: only the head job(s), found or not
+                self.memo_grew = True
                 self._reserve(info)
         return reason
+
+    def _settle_rest(self, ordered: list[JobInfo], start: int) -> bool:
+        """Once every job from ``start`` on would hit a failure remembered this cycle
+        with nothing more to try (no preemption, no reservation), give them their
+        reasons in bulk instead of one by one: the same plan, far cheaper with
+        thousands of jobs waiting on a full cluster."""
+        if start >= len(ordered):
+            return True
+        if self.arrays is None:
+            c, order = self.cycle.cols, self.cycle.order
+            st = self.cycle.job_starved
+            self.arrays = (c[jc.SHAPE][order].astype(np.int64), c[jc.PSHAPE][order].astype(np.int64),
+                           c[jc.ESTIMATE][order],
+                           st[order] if st is not None else np.zeros(len(order), dtype=bool))
+        shape, pshape, est, starved = (a[start:] for a in self.arrays)
+        if self.masks_dirty:
+            self._block_for(ordered[start])
+        soft = ~(est + self.cycle.now <= self.shadow) if self.any_soft else np.zeros(len(shape), dtype=bool)
+        keys = np.unique(shape * 2 + soft)
+        reasons: dict[int, PendingReason] = {}
+        for k in keys.tolist():
+            r = self.failed.get(((k // 2,), bool(k % 2)))
+            if r is None:
+                return False
+            reasons[k] = r
+        capacity = np.fromiter((reasons[k] in _CAPACITY for k in keys.tolist()), bool, len(keys))
+        if capacity.any() and not (self.s.backfill is None or self.reserve_tries >= self.s.backfill.depth):
+            return False
+        if capacity.any() and self.preempt_budget > 0:
+            cap_job = np.isin(shape * 2 + soft, keys[capacity])
+            for k in np.unique(pshape[cap_job] * 2 + soft[cap_job]).tolist():
+                j = int(np.flatnonzero(cap_job & (pshape * 2 + soft == k))[0])
+                info = ordered[start + j]
+                if (info.shape, info.static_priority, info.job.tenant, bool(k % 2)) not in self.no_victims:
+                    return False
+        codes = (shape * 2 + soft).tolist()
+        stop = len(codes)
+        hold = starved & np.isin(shape * 2 + soft, keys[capacity])
+        if hold.any():
+            stop = int(np.flatnonzero(hold)[0]) + 1  # a starved job holds the line after it
+        pend = self.plan.pending
+        for j in range(len(codes)):
+            pend[ordered[start + j].job.job_id] = reasons[codes[j]] if j < stop else PendingReason.PRIORITY
+        return True
+
+    def _settled(self, info: JobInfo, soft: bool) -> bool:
+        """Neither a preemption nor a reservation would be tried for this job."""
+        if self.preempt_budget > 0 and (info.shape, info.static_priority, info.job.tenant, soft) not in self.no_victims:
+            return False
+        return self.s.backfill is None or self.reserve_tries >= self.s.backfill.depth
 
     def _commit(self, info: JobInfo, binds: list[Bind]) -> None:
         self.plan.binds.extend(binds)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 import statistics
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, cast
@@ -140,6 +141,8 @@ class Simulation:
         self.all: list[JobRun] = []
         self.down: set[str] = set()
         self.capacity = sum(len(n.gpus) for n in nodes)
+        self.used = 0  # GPUs held by self.runs
+        self.waiting: Counter[int] = Counter()  # pending jobs by GPU count
         self.ticking = False
 
     # --- events ---------------------------------------------------------------------
@@ -177,8 +180,7 @@ class Simulation:
                 if self.s.tick_s > 0 and self.pending and self.runs and not self.ticking:
                     self.ticking = True
                     self._push(now + self.s.tick_s, _TICK, None)
-            used = sum(r.gpus for r in self.runs.values())
-            res.samples.append((now, float(used), len(self.pending), len(self.runs)))
+            res.samples.append((now, float(self.used), len(self.pending), len(self.runs)))
             if self.on_progress is not None:
                 self.on_progress(len(self.done), len(self.trace))
         res.end_time = now
@@ -189,7 +191,7 @@ class Simulation:
             tj = cast(TraceJob, payload)
             new = JobRun(tj, to_request(tj, self.s, self._estimate(tj)), tj.duration_s)
             self.all.append(new)
-            self.pending[tj.job_id] = new
+            self._queue(new)
             return True
         if kind == _FINISH:
             job_id, epoch = cast(tuple[str, int], payload)
@@ -197,6 +199,7 @@ class Simulation:
             if jr is None or jr.epoch != epoch:
                 return False  # stopped before it finished
             del self.runs[job_id]
+            self.used -= jr.gpus
             jr.finish, jr.remaining_s, jr.allocs, jr.running = t, 0.0, (), None
             self.done.append(jr)
             self.history.learn(jr.trace)
@@ -228,9 +231,10 @@ class Simulation:
     def _nothing_fits(self) -> bool:
         """No waiting job asks for as few GPUs as are free (then a non-preemptive core
         cannot bind anything: the cycle is skipped, with the same outcome)."""
-        free = self.capacity - sum(r.gpus for r in self.runs.values())
-        free -= sum(len(n.gpus) for n in self.nodes if not n.schedulable)
-        return all(r.gpus > free for r in self.pending.values())
+        free = self.capacity - self.used
+        if self.down:
+            free -= sum(len(n.gpus) for n in self.nodes if not n.schedulable)
+        return min(self.waiting) > free
 
     def _set_nodes(self) -> None:
         self.nodes = tuple(replace(n, schedulable=n.node_id not in self.down) for n in self.nodes)
@@ -248,7 +252,12 @@ class Simulation:
         jr.request = replace(jr.request, attained_service_s=attained, attempt=jr.request.attempt + 1)
         jr.allocs, jr.running = (), None
         del self.runs[jr.trace.job_id]
+        self.used -= jr.gpus
+        self._queue(jr)
+
+    def _queue(self, jr: JobRun) -> None:
         self.pending[jr.trace.job_id] = jr
+        self.waiting[jr.gpus] += 1
 
     # --- a scheduling cycle ---------------------------------------------------------------
     def _cycle(self, now: float) -> None:
@@ -267,6 +276,10 @@ class Simulation:
             self._push(now + p.grace_period_s, _STOP, (p.job_id, jr.epoch))
         for job_id, binds in plan.binds_by_job().items():
             jr = self.pending.pop(job_id)
+            self.waiting[jr.gpus] -= 1
+            if not self.waiting[jr.gpus]:
+                del self.waiting[jr.gpus]
+            self.used += jr.gpus
             jr.allocs = tuple(Allocation(b.job_id, b.task_id, b.node_id, b.gpus, b.cpu_milli, b.memory_mib,
                                          b.task_name, b.role) for b in binds)
             if jr.first_start is None:

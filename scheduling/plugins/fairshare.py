@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from scheduling import jobcols as jc
 from scheduling.framework import Cycle, JobInfo, Plugin, register
 from scheduling.model import PendingReason, PreemptReason, Resources
 from scheduling.quota import QuotaBook, dominant_share
@@ -43,12 +44,13 @@ class FairShare(Plugin):
 
     def order_keys(self, cycle: Cycle, jobs: Sequence[JobInfo]) -> list[FloatArray]:
         n = len(jobs)
-        names = sorted({i.job.tenant for i in jobs})
-        code = {t: k for k, t in enumerate(names)}
-        tenant = np.fromiter((code[i.job.tenant] for i in jobs), np.int64, n)
-        prio = np.fromiter((i.priority for i in jobs), float, n)
-        submit = np.fromiter((i.job.submit_time for i in jobs), float, n)
-        demand = np.asarray([i.demand.as_tuple() for i in jobs], dtype=float).reshape(n, 3)
+        c = cycle.cols
+        codes, tenant = np.unique(c[jc.TENANT].astype(np.int64), return_inverse=True)
+        by_code = {int(k): jobs[int(np.flatnonzero(c[jc.TENANT] == k)[0])].job.tenant for k in codes}
+        names = [by_code[int(k)] for k in codes]
+        prio = cycle.job_priority if cycle.job_priority is not None else c[jc.STATIC]
+        submit = c[jc.SUBMIT]
+        demand = c[[jc.GPUS, jc.CPU, jc.MEM]].T
         # within a tenant: by priority, then FIFO; cumulative demand, reset per tenant
         order = np.lexsort((np.arange(n), submit, -prio, tenant))
         cum = np.cumsum(demand[order], axis=0)
@@ -70,6 +72,9 @@ class FairShare(Plugin):
         if book is None or not book.quotas:
             return None
         return book.check(info.job.tenant, info.demand).reason
+
+    def admit_active(self, cycle: Cycle) -> bool:
+        return cycle.quota_book is not None and bool(cycle.quota_book.quotas)
 
     def victims(self, cycle: Cycle, info: JobInfo) -> list[tuple[BoolArray, PreemptReason]]:
         out: list[tuple[BoolArray, PreemptReason]] = []

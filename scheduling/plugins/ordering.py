@@ -14,6 +14,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from scheduling import jobcols as jc
 from scheduling.framework import Cycle, JobInfo, Plugin, register
 from scheduling.model import JobRequest, PreemptReason
 from scheduling.state import BoolArray, FloatArray
@@ -55,16 +56,12 @@ class Priority(Plugin):
 
     def order_keys(self, cycle: Cycle, jobs: Sequence[JobInfo]) -> list[FloatArray]:
         a = self.args
-        n = len(jobs)
-        static = np.fromiter((i.static_priority for i in jobs), float, n)
-        submit = np.fromiter((i.job.submit_time for i in jobs), float, n)
-        gpus = np.fromiter((i.gpus for i in jobs), float, n)
+        c = cycle.cols
+        submit = c[jc.SUBMIT]
         wait = np.maximum(0.0, cycle.now - submit)
-        prio = static + a.aging_per_hour * wait / 3600.0 + a.parallelism_weight * np.log2(1.0 + gpus)
+        prio = c[jc.STATIC] + a.aging_per_hour * wait / 3600.0 + a.parallelism_weight * np.log2(1.0 + c[jc.GPUS])
         starved = wait >= a.starvation_bound_s
-        for info, p, s in zip(jobs, prio.tolist(), starved.tolist(), strict=True):
-            info.priority = p
-            info.starved = s
+        cycle.job_priority, cycle.job_starved = prio, starved  # the scheduler copies them to JobInfo
         # starved jobs go oldest first, the rest by combined priority
         return [np.where(starved, 0.0, 1.0), np.where(starved, submit, -prio)]
 
@@ -89,7 +86,7 @@ class Fifo(Plugin):
     name = "fifo"
 
     def order_keys(self, cycle: Cycle, jobs: Sequence[JobInfo]) -> list[FloatArray]:
-        return [np.fromiter((i.job.submit_time for i in jobs), float, len(jobs))]
+        return [cycle.cols[jc.SUBMIT]]
 
 
 class EstimateArgs(BaseModel):
@@ -113,9 +110,8 @@ class Sjf(Plugin):
     Args = EstimateArgs
 
     def order_keys(self, cycle: Cycle, jobs: Sequence[JobInfo]) -> list[FloatArray]:
-        return [np.fromiter(
-            (math.inf if i.job.runtime_estimate_s is None else i.job.runtime_estimate_s for i in jobs),
-            float, len(jobs))]
+        est = cycle.cols[jc.ESTIMATE]
+        return [np.where(np.isnan(est), math.inf, est)]
 
 
 @register
@@ -127,7 +123,10 @@ class Srtf(Plugin):
     args: EstimateArgs
 
     def order_keys(self, cycle: Cycle, jobs: Sequence[JobInfo]) -> list[FloatArray]:
-        return [np.fromiter((_remaining(i.job, i.gpus) for i in jobs), float, len(jobs))]
+        c = cycle.cols
+        est = np.where(np.isnan(c[jc.ESTIMATE]), math.inf, c[jc.ESTIMATE])
+        done = np.where(c[jc.GPUS] > 0, c[jc.ATTAINED] / np.maximum(c[jc.GPUS], 1e-9), 0.0)
+        return [np.maximum(0.0, est - done)]
 
     def victims(self, cycle: Cycle, info: JobInfo) -> list[tuple[BoolArray, PreemptReason]]:
         if not self.args.preempt or not cycle.running:
@@ -157,8 +156,9 @@ class Tiresias(Plugin):
         return sum(1 for t in self.args.thresholds_gpu_s if attained >= t)
 
     def order_keys(self, cycle: Cycle, jobs: Sequence[JobInfo]) -> list[FloatArray]:
-        q = np.fromiter((self.queue_of(i.job.attained_service_s) for i in jobs), float, len(jobs))
-        return [q, np.fromiter((i.job.submit_time for i in jobs), float, len(jobs))]
+        c = cycle.cols
+        q = np.searchsorted(np.asarray(self.args.thresholds_gpu_s), c[jc.ATTAINED], side="right")
+        return [q.astype(float), c[jc.SUBMIT]]
 
     def victims(self, cycle: Cycle, info: JobInfo) -> list[tuple[BoolArray, PreemptReason]]:
         if not self.args.preempt or not cycle.running:

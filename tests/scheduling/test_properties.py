@@ -243,3 +243,23 @@ def test_incremental_state_equals_a_rebuild(first, second) -> None:
     fresh.apply(later.allocations)
     for name in ("cpu_free", "mem_free", "gmem_free", "gcmp_free", "mig_free", "idle", "dom_idle", "cmp_sum"):
         assert (getattr(cycle.state, name) == getattr(fresh, name)).all(), name
+
+
+@SETTINGS
+@given(snapshots(), st.sampled_from(sorted(CONFIGS)), st.integers(1, 6))
+def test_bulk_settling_gives_the_plan_of_one_by_one(snap, cfg, copies) -> None:
+    """Jobs left over once the cluster is full for them get their reasons in bulk: the
+    plan is the same as trying them one by one (many same-shape jobs waiting)."""
+    from scheduling import scheduler as core
+
+    pending = tuple(replace(j, job_id=f"{j.job_id}-{k}", submit_time=j.submit_time + k)
+                    for k in range(copies) for j in snap.pending)
+    snap = replace(snap, pending=pending)
+    bulk = Scheduler(CONFIGS[cfg]).schedule(snap)
+    original = core._Run._settle_rest
+    core._Run._settle_rest = lambda self, ordered, start: False  # type: ignore[method-assign]
+    try:
+        one_by_one = Scheduler(CONFIGS[cfg]).schedule(snap)
+    finally:
+        core._Run._settle_rest = original  # type: ignore[method-assign]
+    assert bulk == one_by_one

@@ -50,7 +50,7 @@ DEFAULT_PLUGINS: tuple[PluginSpec, ...] = (
     _spec("affinity"),
     _spec("topology", 2.0),
     _spec("binpack", 1.0),
-    _spec("fgd", 2.0),
+    _spec("kairos", 2.0),
     _spec("loadaware", 0.5),
     _spec("locality", 0.5),
     _spec("backfill"),

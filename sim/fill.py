@@ -77,12 +77,13 @@ def workload_mix(pods: Sequence[OpenbPod]) -> tuple[TaskShape, ...]:
 _BASE = ({"name": "gang"}, {"name": "nodeaffinity"}, {"name": "gpumodel"}, {"name": "fifo"})
 # Placement of each policy: the core's plugins, configured. FGD scores as the paper's
 # simulator does (integer sigmoid score, ties to the first node); Kairos' packing is the
-# same fragmentation measure with coarser levels, so near-ties pack onto earlier nodes.
+# ``kairos`` plugin: FGD's fragmentation plus CPU stranding and the expected leftover of
+# a shared GPU (scheduling/plugins/kairos_pack.py).
 PLACEMENT: dict[str, tuple[dict[str, object], ...]] = {
     "Random": ({"name": "random"},),
     "BestFit": ({"name": "bestfit"},),
     "FGD": ({"name": "fgd", "args": {"score": "paper", "levels": 100}},),
-    "Kairos": ({"name": "fgd", "args": {"score": "paper", "levels": 50}},),
+    "Kairos": ({"name": "kairos"},),
 }
 
 

@@ -78,7 +78,8 @@ def main(lists: Sequence[str], seeds: Sequence[int], out: Path) -> dict[str, obj
         "nodes": "openb_node_list_gpu_node.csv (1,213 nodes, 6,212 GPUs)",
         "metric": "mean allocated milli-GPU / capacity (%) once 130% of capacity has arrived",
         "placement": "scheduling core plugins: random, bestfit, fgd(score=paper, levels=100), "
-                     "Kairos = fgd(score=paper, levels=50)",
+                     "Kairos = kairos (FGD's fragmentation + CPU stranding + expected GPU-hole "
+                     "leftover; cpu_weight=1, hole_weight=0.5, dead_hole_pct=10)",
         "fgd_workload": "typical pods: CPU tasks included, most popular types until 95% (step 1)",
         "published": PUBLISHED, "wall_s": round(time.perf_counter() - t0, 1),
     }

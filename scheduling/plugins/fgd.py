@@ -213,10 +213,16 @@ class Fgd(Plugin):
             gm2[j] -= t.gpu_memory_mib
             gc2[j] -= t.gpu_compute_pct
             d = self.frag(self._intern((cls, cpu2, mem2, tuple(gm2), tuple(gc2)))) - before
+            d += self.share_cost(gc[j], gc2[j])
             # ties: the fuller GPU (best fit), then the lower index
             if d < best - 1e-12 or (abs(d - best) <= 1e-12 and col >= 0 and gc2[j] < gc[col] - t.gpu_compute_pct):
                 best, col = d, j
         return best, col
+
+    def share_cost(self, before_pct: int, after_pct: int) -> float:
+        """Extra cost of a share taking one GPU from ``before_pct`` to ``after_pct`` free
+        compute, added to the increase of F (none for FGD; Kairos' packing values holes)."""
+        return 0.0
 
     # --- hooks ---------------------------------------------------------------------------
     def _task_key(self, cycle: Cycle, p: Placing) -> tuple[tuple[object, ...], frozenset[int] | None]:
@@ -244,6 +250,16 @@ class Fgd(Plugin):
         return ids
 
     def score(self, cycle: Cycle, p: Placing, cand: IntArray) -> FloatArray | None:
+        d = self.increase(cycle, p, cand)
+        if d is None:
+            return None
+        if self.args.score == "paper":
+            # ties (many: whole GPUs often leave F unchanged) go to the lowest node index
+            return np.floor(self.args.levels / (1.0 + np.exp(np.minimum(d, 700.0))))
+        return -np.round(d, 9)
+
+    def increase(self, cycle: Cycle, p: Placing, cand: IntArray) -> FloatArray | None:
+        """Least increase of F on each candidate node (1e6 where the task cannot go)."""
         t = p.task
         if not (t.gpu or t.shared or t.cpu_milli or t.memory_mib) or t.mig:
             return None
@@ -265,11 +281,8 @@ class Fgd(Plugin):
                 grown[: arr.size] = arr
                 arr = self.delta[tk] = grown
             d = arr[ids]
-        d = np.where(np.isfinite(d), d, 1e6)
-        if self.args.score == "paper":
-            # ties (many: whole GPUs often leave F unchanged) go to the lowest node index
-            return np.floor(self.args.levels / (1.0 + np.exp(np.minimum(d, 700.0))))
-        return -np.round(d, 9)
+        out: FloatArray = np.where(np.isfinite(d), d, 1e6)
+        return out
 
     def pick(self, cycle: Cycle, p: Placing, i: int) -> tuple[GpuUse, ...] | None:
         t = p.task

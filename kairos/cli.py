@@ -152,6 +152,74 @@ def nodes(url: UrlOpt = None, token: TokenOpt = None) -> None:
     console.print(t)
 
 
+token_app = typer.Typer(help="API tokens per tenant (admin): create, list, revoke.",
+                        no_args_is_help=True)
+app.add_typer(token_app, name="token")
+
+
+@token_app.command("create")
+def token_create(
+    tenant: Annotated[str, typer.Option(help="the tenant whose jobs it submits and sees")],
+    role: Annotated[str, typer.Option(help="user or admin")] = "user",
+    name: Annotated[str | None, typer.Option(help="who uses it (default: the tenant)")] = None,
+    expires_in: Annotated[str | None, typer.Option(
+        help="e.g. 30d, 12h, 90m; default: never")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the token")] = False,
+    url: UrlOpt = None, token: TokenOpt = None,
+) -> None:
+    """Create a token (admin). The token is printed once; only its hash is kept."""
+    from services.admission.tokens import parse_duration
+
+    if role not in ("user", "admin"):
+        err.print(f"[red]--role must be user or admin[/], not {role!r}")
+        raise typer.Exit(2)
+    body: dict[str, Any] = {"tenant": tenant, "role": role}
+    if name:
+        body["name"] = name
+    if expires_in:
+        try:
+            body["expires_in_s"] = int(parse_duration(expires_in).total_seconds())
+        except ValueError as exc:
+            err.print(f"[red]--expires-in[/]: {exc}")
+            raise typer.Exit(2) from exc
+    with _client(url, token) as c:
+        created = _request(c, "POST", "/v1/tokens", json=body)
+    if quiet:
+        print(created["token"])
+        return
+    expires = (created["expires_at"] or "never")[:16].replace("T", " ")
+    console.print(f"created token [bold]{created['id']}[/] for tenant {created['tenant']}")
+    console.print(f"role {created['role']}, name {created['name']}, expires {expires}")
+    console.print("it is shown only now; keep it secret:")
+    print(f"token: {created['token']}")
+
+
+@token_app.command("list")
+def token_list(
+    tenant: Annotated[str | None, typer.Option(help="only this tenant's tokens")] = None,
+    url: UrlOpt = None, token: TokenOpt = None,
+) -> None:
+    """Tokens with their tenant, role and state; never their secrets (admin)."""
+    with _client(url, token) as c:
+        rows = _request(c, "GET", "/v1/tokens", params={"tenant": tenant} if tenant else {})
+    t = Table("tenant", "name", "role", "state", "created", "expires", "last used")
+    t.columns.insert(0, Column("id", no_wrap=True, min_width=14))
+    for r in rows:
+        t.add_row(r["id"], r["tenant"], r["name"], r["role"], r["state"],
+                  r["created_at"][:19].replace("T", " "),
+                  (r["expires_at"] or "never")[:19].replace("T", " "),
+                  (r["last_used_at"] or "-")[:19].replace("T", " "))
+    console.print(t)
+
+
+@token_app.command("revoke")
+def token_revoke(token_id: str, url: UrlOpt = None, token: TokenOpt = None) -> None:
+    """Revoke a token by id (admin); it is refused from its next request on."""
+    with _client(url, token) as c:
+        _request(c, "DELETE", f"/v1/tokens/{token_id}")
+    console.print(f"revoked {token_id}")
+
+
 def _summary(metrics_url: str) -> str:
     try:
         text = httpx.get(metrics_url, timeout=2).text

@@ -1,10 +1,17 @@
-"""The HTTP gateway: submit, get, list, cancel and resize jobs; list nodes. All under /v1."""
+"""The HTTP gateway: submit, get, list, cancel and resize jobs; list nodes; manage API
+tokens (admin). All under /v1.
+
+Tenants: a job's tenant is its submitter's token's tenant (a spec cannot name one). A
+`user` token sees, cancels and resizes only its tenant's jobs; another tenant's job is
+answered 404 exactly like a job that does not exist. An `admin` token sees every tenant
+and alone manages tokens.
+"""
 
 
 import json
 import time
-from datetime import datetime
-from typing import Annotated, Any
+from datetime import datetime, timedelta
+from typing import Annotated, Any, Literal
 
 import yaml
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response, status
@@ -14,8 +21,8 @@ from prometheus_client import Counter, Histogram
 from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.admission import store
-from services.admission.auth import Principal, authenticate
+from services.admission import store, tokens
+from services.admission.auth import Principal, authenticate, require_admin
 from services.admission.settings import AdmissionSettings
 from shared.events import CommandAction, JobCommand, JobState
 from shared.http import ReadyCheck, add_ops_routes
@@ -23,6 +30,7 @@ from shared.jobspec import JobSpec, parse_job_spec
 from shared.outbox import add_to_outbox
 
 Caller = Annotated[Principal, Depends(authenticate)]
+Admin = Annotated[Principal, Depends(require_admin)]
 HTTP_REQUESTS = Counter("kairos_http_requests_total", "HTTP requests served",
                         ["route", "method", "status"])
 HTTP_SECONDS = Histogram("kairos_http_request_seconds", "HTTP request latency", ["route"],
@@ -89,6 +97,46 @@ class NodeOut(BaseModel):
     gpus_allocated: int
     gpus_shared: int
     allocations: list[dict[str, Any]]
+
+
+class Me(BaseModel):
+    tenant: str
+    user: str
+    role: str = Field(description="user or admin")
+    token_id: str | None
+
+
+class TokenIn(BaseModel):
+    model_config = {"extra": "forbid"}
+    tenant: str = Field(pattern=tokens.TENANT_RE.pattern, max_length=63,
+                        description="the tenant whose jobs the token submits and sees")
+    role: Literal["user", "admin"] = "user"
+    name: str | None = Field(default=None, pattern=tokens.NAME_RE.pattern, max_length=63,
+                             description="who or what uses it (jobs' user); default the tenant")
+    expires_in_s: int | None = Field(default=None, ge=1, le=10 * 366 * 86400,
+                                     description="seconds until it expires; empty = never")
+
+
+class TokenOut(BaseModel):
+    id: str
+    tenant: str
+    name: str
+    role: Literal["user", "admin"]
+    state: Literal["active", "expired", "revoked"]
+    created_at: datetime
+    created_by: str | None
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+
+class TokenCreated(TokenOut):
+    token: str = Field(description="the secret: shown this once, stored only as a hash")
+
+
+def _token_out(row: dict[str, Any]) -> TokenOut:
+    return TokenOut(**{k: v for k, v in row.items() if k in TokenOut.model_fields},
+                    state=tokens.token_state(row))
 
 
 def _validation_detail(exc: ValidationError) -> list[dict[str, Any]]:
@@ -180,10 +228,17 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
         caller: Caller,
         state: JobState | None = None,
         queue: str | None = None,
+        tenant: Annotated[str | None, Query(
+            max_length=63, description="admins: only this tenant's jobs")] = None,
         limit: Annotated[int, Query(ge=1, le=settings.max_page_size)] = 100,
         offset: Annotated[int, Query(ge=0)] = 0,
     ) -> JobList:
-        tenant = None if caller.role == "admin" else caller.tenant
+        """Jobs, oldest first: every tenant's for an admin, the token's tenant's otherwise."""
+        if not caller.admin:
+            if tenant is not None and tenant != caller.tenant:
+                raise HTTPException(status.HTTP_403_FORBIDDEN, detail=(
+                    f"this token lists only tenant {caller.tenant}'s jobs"))
+            tenant = caller.tenant
         rows = await store.list_jobs(engine, tenant, state.value if state else None, queue,
                                      limit + 1, offset)
         more = len(rows) > limit
@@ -192,7 +247,8 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
 
     async def _visible_job(job_id: str, caller: Principal) -> dict[str, Any]:
         row = await store.get_job(engine, job_id)
-        if row is None or (caller.role != "admin" and row["tenant"] != caller.tenant):
+        if row is None or (not caller.admin and row["tenant"] != caller.tenant):
+            # the same answer as for a job that does not exist: no existence leaks
             raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no job {job_id}")
         return row
 
@@ -243,6 +299,8 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
 
     @app.get("/v1/nodes", response_model=list[NodeOut])
     async def list_nodes(caller: Caller) -> list[NodeOut]:
+        """Nodes and their allocations; a user token sees which GPUs are taken, but not
+        the jobs of other tenants that hold them."""
         out = []
         for n in await store.list_nodes(engine):
             inv = n["inventory"]
@@ -255,7 +313,39 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
                 node_id=n["node_id"], state=n["state"], inventory=inv,
                 last_heartbeat=n["last_heartbeat"], gpus_total=len(inv.get("gpus", [])),
                 gpus_allocated=len(used | shared), gpus_shared=len(shared - used),
-                allocations=n["allocations"]))
+                allocations=[a if caller.admin or a["tenant"] == caller.tenant
+                             else {"gpus": a["gpus"]} for a in n["allocations"]]))
         return out
+
+    @app.get("/v1/me", response_model=Me)
+    async def whoami(caller: Caller) -> Me:
+        """The tenant, user and role of the calling token."""
+        return Me(tenant=caller.tenant, user=caller.user, role=caller.role,
+                  token_id=caller.token_id)
+
+    @app.post("/v1/tokens", status_code=201, response_model=TokenCreated)
+    async def create_token(body: TokenIn, caller: Admin) -> TokenCreated:
+        """Create an API token (admin). The secret is in this answer only."""
+        row, plaintext = await tokens.create_token(
+            engine, body.tenant, body.role, body.name,
+            timedelta(seconds=body.expires_in_s) if body.expires_in_s else None,
+            created_by=caller.user)
+        return TokenCreated(**_token_out(row).model_dump(), token=plaintext)
+
+    @app.get("/v1/tokens", response_model=list[TokenOut])
+    async def list_tokens(
+        caller: Admin,
+        tenant: Annotated[str | None, Query(max_length=63)] = None,
+    ) -> list[TokenOut]:
+        """Every token, without its secret (admin)."""
+        return [_token_out(r) for r in await tokens.list_tokens(engine, tenant)]
+
+    @app.delete("/v1/tokens/{token_id}", response_model=TokenOut)
+    async def revoke_token(token_id: str, caller: Admin) -> TokenOut:
+        """Revoke a token at once (admin); its next request gets 401 'token revoked'."""
+        row = await tokens.revoke_token(engine, token_id)
+        if row is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no token {token_id}")
+        return _token_out(row)
 
     return app

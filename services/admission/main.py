@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
-from services.admission import store
+from services.admission import store, tokens
 from services.admission.app import create_app
 from services.admission.settings import AdmissionSettings
 from shared.bus import Consumer, ConsumerOptions
@@ -22,6 +22,8 @@ async def main(settings: AdmissionSettings | None = None) -> None:
     await rt.start_dependencies()
     assert rt.engine is not None
     engine = rt.engine
+    if settings.dev_token:  # the embedded stack's (or a deployment's bootstrap) admin token
+        await tokens.ensure_dev_token(engine, settings.dev_token)
 
     async def handle(env: Envelope, event: Event) -> None:
         await store.apply_events(engine, [(env, event)])

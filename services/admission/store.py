@@ -132,7 +132,8 @@ async def get_job(engine: AsyncEngine, job_id: str) -> dict[str, Any] | None:
 
 async def list_jobs(engine: AsyncEngine, tenant: str | None, state: str | None,
                     queue: str | None, limit: int, offset: int) -> list[dict[str, Any]]:
-    clauses, params = [], {"limit": limit, "offset": offset}
+    clauses: list[str] = []
+    params: dict[str, Any] = {"limit": limit, "offset": offset}
     for col, val in (("tenant", tenant), ("state", state), ("queue", queue)):
         if val is not None:
             clauses.append(f"{col} = :{col}")
@@ -250,7 +251,8 @@ async def list_nodes(engine: AsyncEngine) -> list[dict[str, Any]]:
         nodes = [dict(r) for r in (await conn.execute(
             text("SELECT * FROM nodes_view ORDER BY node_id"))).mappings()]
         allocs = (await conn.execute(
-            text("SELECT node_id, job_id, task_id, gpus FROM allocations_view"))).mappings()
+            text("""SELECT a.node_id, a.job_id, a.task_id, a.gpus, j.tenant
+                    FROM allocations_view a LEFT JOIN jobs j ON j.id = a.job_id"""))).mappings()
         by_node: dict[str, list[dict[str, Any]]] = {}
         for a in allocs:
             by_node.setdefault(a["node_id"], []).append(dict(a))

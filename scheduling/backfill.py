@@ -1,7 +1,8 @@
 """EASY backfill: when and where the blocked head job can start.
 
 Running jobs end at ``start + runtime estimate`` (jobs without one never end, unless
-the backfill plugin gives a default). Releasing them in that order on a scratch copy
+the backfill plugin gives a default); one already past its estimate is expected to
+run as long again (heavy-tailed run times), not to end this instant. Releasing them in that order on a scratch copy
 of the state, the first moment the head job fits is its reserved start ("shadow
 time"), and the nodes it would use there are its reservation. Later jobs may use those
 nodes only if their own estimate ends before the shadow time.
@@ -38,7 +39,10 @@ def reserve(placer: Placer, base: ClusterState, info: JobInfo, need: int,
         est = r.job.runtime_estimate_s if r.job.runtime_estimate_s is not None else default_runtime_s
         if est is None:
             continue
-        ends.append((max(cycle.now, r.run.start_time + est), r.job.job_id, r))
+        end = r.run.start_time + est
+        if end <= cycle.now:  # past its estimate: heavy tails say it runs as long again
+            end = cycle.now + (cycle.now - r.run.start_time)
+        ends.append((end, r.job.job_id, r))
     ends.sort(key=lambda e: (e[0], e[1]))
     if not ends:
         return None  # nothing is known to end: no start time to promise

@@ -43,7 +43,10 @@ def _spec(name: str, weight: float = 1.0, **args: Any) -> PluginSpec:
 
 DEFAULT_PLUGINS: tuple[PluginSpec, ...] = (
     _spec("gang"),
-    _spec("priority"),
+    # class and user priority tiers; waiting ages through the starvation bound and the
+    # response ratio of srpt, so within a tier the shortest expected work goes first
+    _spec("priority", aging_per_hour=0.0),
+    _spec("srpt"),
     _spec("fairshare"),
     _spec("nodeaffinity"),
     _spec("gpumodel"),

@@ -162,6 +162,11 @@ def preempt_for(placer: Placer, st: ClusterState, info: JobInfo, vix: VictimInde
     whole, shrink, _ = vix.candidates(info, plugins)
     if not (whole.any() or shrink.any()):
         return None
+    # cheap bound first: the free GPUs and every candidate's together must cover the job
+    want = sum(t.gpu * t.replicas for t in info.tasks) if need >= sum(t.replicas for t in info.tasks) else 0
+    if want and float(st.cmp_sum[~block].sum() if block is not None else st.cmp_sum.sum()) / 100.0 + float(
+            vix.gpu[(whole | shrink) & (vix.node >= 0)].sum()) < want - 1e-9:
+        return None
     gone = vix.gone.copy()  # released within this attempt; adopted only on success
     chosen: list[Unit] = []
     mark = st.mark()

@@ -79,7 +79,7 @@ class Scheduler:
         self.elastic: ElasticArgs | None = el.args if el is not None else None  # type: ignore[assignment]
         self._table: NodeTable | None = None
         self._base: tuple[NodeTable, dict[int, Allocation], ClusterState] | None = None
-        self._meta: dict[int, tuple[int, float]] = {}  # id(allocation) -> (node index, GPUs)
+        self._meta: dict[int, tuple[int, float, int, int]] = {}  # id(allocation) -> node index, GPUs, CPU, memory
         self._infos: dict[int, tuple[JobRequest, JobInfo, int]] = {}  # id(job) -> job, info, row
         self._shapes: dict[tuple[object, ...], int] = {}  # job shapes, interned for the fit memo
         self._statics: dict[int, tuple[JobRequest, float]] = {}  # running job -> static priority
@@ -125,45 +125,48 @@ class Scheduler:
         usable = table.schedulable[:, None] & table.share_ok
         cycle.capacity = Resources(float(usable.sum()), float(table.cpu_total[table.schedulable].sum()),
                                    float(table.mem_total[table.schedulable].sum()))
-        run_by_id: dict[str, RunningInfo] = {}
+        runs: list[RunningInfo] = []
+        run_index: dict[str, int] = {}
         statics, self._statics = self._statics, {}
         for r in snapshot.running:
             hit = statics.get(id(r.job))
             sp = hit[1] if hit is not None and hit[0] is r.job else cycle.priority_of(r.job)
             self._statics[id(r.job)] = (r.job, sp)
-            run_by_id[r.job.job_id] = RunningInfo(r, static_priority=sp)
-        usage: dict[str, list[float]] = {}
+            if r.job.job_id in run_index:  # listed twice: the later entry wins, as a dict would
+                runs[run_index[r.job.job_id]] = RunningInfo(r, static_priority=sp)
+            else:
+                run_index[r.job.job_id] = len(runs)
+                runs.append(RunningInfo(r, static_priority=sp))
+        allocs = snapshot.allocations
         meta = self._meta
-        nodes = np.empty(len(snapshot.allocations), dtype=np.int64)
-        gpus = np.empty(len(snapshot.allocations))
-        demand: dict[str, list[float]] = {}
-        for k, a in enumerate(snapshot.allocations):
-            i, g = meta[id(a)]
-            nodes[k] = i
-            gpus[k] = g
-            ri = run_by_id.get(a.job_id)
-            if ri is None:
-                continue
-            ri.allocs.append(k)
-            d = demand.get(a.job_id)
-            if d is None:
-                d = demand[a.job_id] = [0.0, 0.0, 0.0]
-            d[0] += g
-            d[1] += a.cpu_milli
-            d[2] += a.memory_mib
-        cycle.alloc_node, cycle.alloc_gpu = nodes, gpus
-        cycle.running = [r for r in run_by_id.values() if r.allocs]
-        cycle.running_by_id = {r.run.job.job_id: r for r in cycle.running}
-        for ri in cycle.running:
-            d = demand[ri.run.job.job_id]
+        m = np.array([meta[id(a)] for a in allocs], dtype=float).reshape(len(allocs), 4)
+        cycle.alloc_node, cycle.alloc_gpu = m[:, 0].astype(np.int64), m[:, 1].copy()
+        owner = np.array([run_index.get(a.job_id, -1) for a in allocs], dtype=np.int64)
+        # each running job's allocations (positions, in snapshot order) and demand
+        mine = np.flatnonzero(owner >= 0)
+        by_run = mine[np.argsort(owner[mine], kind="stable")]
+        counts = np.bincount(owner[mine], minlength=len(runs))
+        bounds = np.cumsum(counts).tolist()
+        pos = by_run.tolist()
+        demand = np.stack([np.bincount(owner[mine], weights=m[mine, c], minlength=len(runs)) for c in (1, 2, 3)],
+                          axis=1) if len(runs) else np.zeros((0, 3))
+        lo = 0
+        for ri, hi, d in zip(runs, bounds, demand.tolist(), strict=True):
+            ri.allocs = pos[lo:hi]
+            lo = hi
             ri.gpus = d[0]
-            ri.demand = Resources(*d)
+            ri.demand = Resources(d[0], d[1], d[2])
+        cycle.running = [r for r in runs if r.allocs]
+        cycle.running_by_id = {r.run.job.job_id: r for r in cycle.running}
+        usage: dict[str, list[float]] = {}
+        for ri in cycle.running:
+            d2 = ri.demand
             u = usage.get(ri.run.job.tenant)
             if u is None:
                 u = usage[ri.run.job.tenant] = [0.0, 0.0, 0.0]
-            u[0] += d[0]
-            u[1] += d[1]
-            u[2] += d[2]
+            u[0] += d2.gpu
+            u[1] += d2.cpu_milli
+            u[2] += d2.memory_mib
         cycle.usage = {t: Resources(*u) for t, u in usage.items()}
         for p in self.plugins:
             if p.name != "priority":
@@ -186,8 +189,8 @@ class Scheduler:
             state = ClusterState(table)
             state.apply(allocations)
             added, meta = list(now.values()), {}
-        for a in added:  # node index and GPUs of each allocation, computed once
-            meta[id(a)] = (table.index.get(a.node_id, -1), alloc_gpus(a))
+        for a in added:  # node index, GPUs, CPU and memory of each allocation, computed once
+            meta[id(a)] = (table.index.get(a.node_id, -1), alloc_gpus(a), a.cpu_milli, a.memory_mib)
         self._meta = meta
         self._base = (table, now, state.copy())  # keeps the objects alive, so ids stay unique
         return state

@@ -37,6 +37,14 @@ class PriorityArgs(BaseModel):
     preempt_gap: float = Field(1000.0, ge=0, description="static priority gap (preempt_by=priority)")
 
 
+def waited(cycle: Cycle) -> FloatArray:
+    """Seconds each pending job has spent waiting: since submission, less the time it
+    ran before it was preempted (a requeued long job has not starved for its run)."""
+    c = cycle.cols
+    ran = np.where(c[jc.GPUS] > 0, c[jc.ATTAINED] / np.maximum(c[jc.GPUS], 1e-9), 0.0)
+    return np.maximum(0.0, cycle.now - c[jc.SUBMIT] - ran)
+
+
 @register
 class Priority(Plugin):
     """Combined priority: class, user priority, aging, parallelism; starved jobs first."""
@@ -58,7 +66,7 @@ class Priority(Plugin):
         a = self.args
         c = cycle.cols
         submit = c[jc.SUBMIT]
-        wait = np.maximum(0.0, cycle.now - submit)
+        wait = waited(cycle)
         prio = c[jc.STATIC] + a.aging_per_hour * wait / 3600.0 + a.parallelism_weight * np.log2(1.0 + c[jc.GPUS])
         starved = wait >= a.starvation_bound_s
         cycle.job_priority, cycle.job_starved = prio, starved  # the scheduler copies them to JobInfo
@@ -135,6 +143,65 @@ class Srtf(Plugin):
         done = (cycle.now - rt.start) + np.where(rt.gpus > 0, rt.attained / np.maximum(rt.gpus, 1e-9), 0.0)
         left = np.maximum(0.0, rt.estimate - done)
         return [(left > _remaining(info.job, info.gpus), PreemptReason.SRTF)]
+
+
+class SrptArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    by: Literal["gpu_time", "time"] = Field("gpu_time", description="rank by GPU-seconds or seconds left")
+    unknown_s: float = Field(3600.0, ge=0, description="expected run time of a job with no estimate "
+                             "that has not run (then: as long as it has run, like LAS)")
+    overrun: float = Field(1.0, ge=0, description="a job past its estimate is expected to run this "
+                           "many times as long again")
+    aging_s: float = Field(0.0, ge=0, description=">0: response-ratio aging, key / (1 + wait / aging_s)")
+    preempt: bool = True
+    preempt_ratio: float = Field(4.0, ge=1, description="a victim must have this many times more "
+                                 "expected service left than the preemptor")
+
+
+def expected_left(est: FloatArray, done: FloatArray, unknown_s: float, overrun: float) -> FloatArray:
+    """Seconds a job is expected to run still, having run ``done``: its estimate minus
+    what it did; past the estimate (or with none) heavy tails say as long again."""
+    known = ~np.isnan(est)
+    ahead = known & (done < est)
+    past = np.where(known, overrun * done, np.maximum(done, unknown_s - done))
+    return np.where(ahead, np.nan_to_num(est) - done, np.maximum(past, 1.0))
+
+
+@register
+class Srpt(Plugin):
+    """Kairos' ordering: shortest expected remaining service first, from submit-time
+    estimates (the history of finished jobs) and service attained, optionally aged by
+    the response ratio; preempts jobs expected to hold their GPUs far longer."""
+
+    name = "srpt"
+    Args = SrptArgs
+    args: SrptArgs
+
+    def _service(self, left: FloatArray, gpus: FloatArray) -> FloatArray:
+        return left * np.maximum(gpus, 1e-3) if self.args.by == "gpu_time" else left
+
+    def order_keys(self, cycle: Cycle, jobs: Sequence[JobInfo]) -> list[FloatArray]:
+        a, c = self.args, cycle.cols
+        gpus = c[jc.GPUS]
+        done = np.where(gpus > 0, c[jc.ATTAINED] / np.maximum(gpus, 1e-9), 0.0)
+        key = self._service(expected_left(c[jc.ESTIMATE], done, a.unknown_s, a.overrun), gpus)
+        if a.aging_s > 0:
+            key = key / (1.0 + waited(cycle) / a.aging_s)
+        return [key]
+
+    def victims(self, cycle: Cycle, info: JobInfo) -> list[tuple[BoolArray, PreemptReason]]:
+        a = self.args
+        if not a.preempt or not cycle.running:
+            return []
+        rt = cycle.runs()
+        done = (cycle.now - rt.start) + np.where(rt.gpus > 0, rt.attained / np.maximum(rt.gpus, 1e-9), 0.0)
+        theirs = self._service(expected_left(np.where(np.isinf(rt.estimate), np.nan, rt.estimate), done,
+                                             a.unknown_s, a.overrun), rt.gpus)
+        est = np.array([np.nan if info.job.runtime_estimate_s is None else info.job.runtime_estimate_s])
+        mine_done = np.array([info.job.attained_service_s / info.gpus if info.gpus else 0.0])
+        mine = float(self._service(expected_left(est, mine_done, a.unknown_s, a.overrun),
+                                   np.array([info.gpus]))[0])
+        return [(theirs > a.preempt_ratio * mine, PreemptReason.SRTF)]
 
 
 class TiresiasArgs(BaseModel):

@@ -58,3 +58,45 @@ def test_best_fit_fills_the_fullest_node() -> None:
     w.start(job("x").gpus(6), n1=list(range(6)))
     w.start(job("y").gpus(3), n2=list(range(3)))
     assert bound(w.submit(job("a").gpus(2)).step()) == {"a": ["n1"]}
+
+
+SRPT_JOBS = [
+    job("long").gpus(1).submit(0).estimate(10_000),
+    job("wide").gpus(8).submit(1).estimate(600),  # 4,800 GPU-s
+    job("short").gpus(1).submit(2).estimate(60),
+    job("unknown").gpus(1).submit(3),  # no estimate: unknown_s (3,600 s)
+    job("overran").gpus(2).submit(4).estimate(100).attained(2 * 1000),  # ran 1,000 s of 100: as long again
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ({}, ["short", "overran", "unknown", "wide", "long"]),  # GPU-seconds left: 60, 2000, 3600, 4800, 10000
+        ({"by": "time"}, ["short", "wide", "overran", "unknown", "long"]),  # seconds left: 60, 600, 1000, 3600, 10000
+        ({"unknown_s": 100}, ["short", "unknown", "overran", "wide", "long"]),
+    ],
+)
+def test_srpt_orders_by_expected_service_left(args, expected) -> None:
+    w = World(cluster(1), Scheduler(config("gang", ("srpt", args))), now=50).submit(*SRPT_JOBS)
+    assert [j.job_id for j in w.scheduler.order(w.snapshot())] == expected
+
+
+def test_srpt_ages_by_the_response_ratio() -> None:
+    """A long job that waited a day overtakes a shorter one just submitted, and is not
+    overtaken without aging."""
+    jobs = [job("old").gpus(1).submit(0).estimate(10_000), job("new").gpus(1).submit(86_000).estimate(1_000)]
+    for args, expected in (({"aging_s": 3600.0}, ["old", "new"]), ({}, ["new", "old"])):
+        w = World(cluster(1), Scheduler(config("gang", ("srpt", args))), now=86_400).submit(*jobs)
+        assert [j.job_id for j in w.scheduler.order(w.snapshot())] == expected
+
+
+def test_srpt_preempts_only_a_job_expected_to_hold_far_longer() -> None:
+    from scheduling import PreemptReason
+
+    for est, preempted in ((100_000, ["long"]), (2_000, [])):  # 8 x 100,000 vs 8 x 1,000 GPU-s; ratio 4
+        w = World(cluster(1), Scheduler(config("gang", "srpt", "binpack")), now=10)
+        w.start(job("long").gpus(8).estimate(est), at=0, n0=list(range(8)))
+        plan = w.submit(job("short").gpus(8).estimate(1_000)).step()
+        assert [p.job_id for p in plan.preemptions] == preempted
+        assert all(p.reason == PreemptReason.SRTF for p in plan.preemptions)

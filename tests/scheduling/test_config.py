@@ -9,7 +9,7 @@ from scheduling import ConfigError, Scheduler, SchedulerConfig
 
 def test_defaults_enable_every_core_plugin() -> None:
     names = [p.name for p in SchedulerConfig().plugins]
-    assert names[:3] == ["gang", "priority", "fairshare"]
+    assert names[:4] == ["gang", "priority", "srpt", "fairshare"]
     assert {"backfill", "elastic", "kairos", "topology"} <= set(names)
     Scheduler()  # builds
 

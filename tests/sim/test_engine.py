@@ -48,7 +48,7 @@ HAND = [TraceJob("a", 0.0, 100.0, 1), TraceJob("b", 10.0, 50.0, 1), TraceJob("c"
     ("FIFO", {"a": 100.0, "b": 140.0, "c": 140.0}),  # a 0-100, b 100-150, c 150-160
     ("SJF", {"a": 100.0, "b": 150.0, "c": 90.0}),  # oracle: c (10 s) before b: c 100-110, b 110-160
     ("DRF", {"a": 100.0, "b": 140.0, "c": 140.0}),  # one tenant: FIFO
-    ("Kairos", {"a": 100.0, "b": 140.0, "c": 140.0}),  # aging: b waited longer than c
+    ("Kairos", {"a": 100.0, "b": 140.0, "c": 140.0}),  # no history yet when b and c arrive: equal, FIFO
 ])
 def test_hand_computed_one_gpu(policy, expected):
     assert _jct(_run(policy, HAND)) == pytest.approx(expected)
@@ -90,3 +90,16 @@ def test_node_failure_requeues_and_recovers():
 def test_jain_index():
     assert jain([1.0, 1.0, 1.0]) == pytest.approx(1.0)
     assert jain([1.0, 0.0]) == pytest.approx(0.5)
+
+
+def test_hand_computed_kairos_preempts_a_long_unknown_job_for_a_short_known_one():
+    # 1 GPU. a (100 s) ends at 100: the history now says 1-GPU jobs take 100 s. x arrived
+    # at 50 with no estimate (expected 3,600 s) and runs from 100; y arrives at 120 with
+    # the estimate 100 s: x is expected to hold the GPU > 4x longer, so srpt preempts it.
+    # x stops at 150 after its 30 s grace (nothing checkpointed: 50 s lost); y runs
+    # 150-200; x restarts at 200, pays the 60 s restore and its 1,000 s: ends at 1,260.
+    jobs = [TraceJob("a", 0.0, 100.0, 1), TraceJob("x", 50.0, 1000.0, 1), TraceJob("y", 120.0, 50.0, 1)]
+    res = _run("Kairos", jobs)
+    assert _jct(res) == pytest.approx({"a": 100.0, "x": 1210.0, "y": 80.0})
+    m = summarize(res)
+    assert m["preemptions"] == 1 and m["lost_gpu_s"] == pytest.approx(50.0)

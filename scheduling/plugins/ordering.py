@@ -42,7 +42,8 @@ def waited(cycle: Cycle) -> FloatArray:
     ran before it was preempted (a requeued long job has not starved for its run)."""
     c = cycle.cols
     ran = np.where(c[jc.GPUS] > 0, c[jc.ATTAINED] / np.maximum(c[jc.GPUS], 1e-9), 0.0)
-    return np.maximum(0.0, cycle.now - c[jc.SUBMIT] - ran)
+    out: FloatArray = np.maximum(0.0, cycle.now - c[jc.SUBMIT] - ran)
+    return out
 
 
 @register

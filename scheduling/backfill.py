@@ -1,8 +1,8 @@
 """EASY backfill: when and where the blocked head job can start.
 
-Running jobs end at ``start + runtime estimate`` (jobs without one never end, unless
-the backfill plugin gives a default); one already past its estimate is expected to
-run as long again (heavy-tailed run times), not to end this instant. Releasing them in that order on a scratch copy
+Running jobs end at ``start + runtime estimate`` (or the backfill plugin's default); one
+without an estimate, or already past it, is expected to run as long again as it has
+(heavy-tailed run times), so a blocked head job always gets a start time and nodes. Releasing them in that order on a scratch copy
 of the state, the first moment the head job fits is its reserved start ("shadow
 time"), and the nodes it would use there are its reservation. Later jobs may use those
 nodes only if their own estimate ends before the shadow time.
@@ -19,6 +19,7 @@ from scheduling.state import BoolArray, ClusterState
 
 MAX_TRIALS = 16  # full placement trials per reservation; cheap bounds screen the rest
 CHUNK = 64  # running jobs released at once while the head job cannot fit anyway
+MIN_LEFT_S = 60.0  # a job just started without an estimate is expected to run at least this
 
 
 def _could_fit(st: ClusterState, info: JobInfo) -> bool:
@@ -37,11 +38,9 @@ def reserve(placer: Placer, base: ClusterState, info: JobInfo, need: int,
     ends: list[tuple[float, str, RunningInfo]] = []
     for r in running:
         est = r.job.runtime_estimate_s if r.job.runtime_estimate_s is not None else default_runtime_s
-        if est is None:
-            continue
-        end = r.run.start_time + est
-        if end <= cycle.now:  # past its estimate: heavy tails say it runs as long again
-            end = cycle.now + (cycle.now - r.run.start_time)
+        end = r.run.start_time + est if est is not None else cycle.now
+        if end <= cycle.now:  # past its estimate, or none: heavy tails say as long again
+            end = cycle.now + max(cycle.now - r.run.start_time, MIN_LEFT_S)
         ends.append((end, r.job.job_id, r))
     ends.sort(key=lambda e: (e[0], e[1]))
     if not ends:

@@ -43,9 +43,11 @@ def _spec(name: str, weight: float = 1.0, **args: Any) -> PluginSpec:
 
 DEFAULT_PLUGINS: tuple[PluginSpec, ...] = (
     _spec("gang"),
-    # class and user priority tiers; waiting ages through the starvation bound and the
-    # response ratio of srpt, so within a tier the shortest expected work goes first
-    _spec("priority", aging_per_hour=0.0),
+    # class and user priority tiers, and within a tier the shortest expected work first
+    # (srpt). The starvation bound is a safety net, not a scheduling tool: under
+    # overload a short bound turns the queue into FIFO among the starved (measured on
+    # Philly: 4 h to 3 days all cascade), so it is two weeks here.
+    _spec("priority", aging_per_hour=0.0, starvation_bound_s=14 * 86400.0),
     _spec("srpt"),
     _spec("fairshare"),
     _spec("nodeaffinity"),

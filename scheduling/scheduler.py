@@ -41,6 +41,7 @@ from scheduling.quota import Admission, QuotaBook
 from scheduling.state import BoolArray, ClusterState, NodeTable
 
 HOOKS = ("order_keys", "admit", "node_mask", "task_mask", "score", "victims", "min_members", "pick")
+STARVED_RESERVATIONS = 16  # starved jobs beyond the EASY head that get a reservation per cycle
 _CAPACITY = (PendingReason.NO_FIT, PendingReason.GANG_INCOMPLETE, PendingReason.AFFINITY,
              PendingReason.GPU_MODEL)
 
@@ -280,6 +281,7 @@ class _Run:
         self.victims: set[str] = set()
         self.failed: dict[tuple[object, ...], PendingReason] = {}
         self.reserve_tries = 0
+        self.starved_reservations = 0
         self.no_victims: set[tuple[object, ...]] = set()
         self.masks_dirty = True
         self.any_hard = self.any_soft = False
@@ -363,6 +365,11 @@ class _Run:
                 self.reserve_tries += 1  # EASY: only the head job(s), found or not
                 self.memo_grew = True
                 self._reserve(info)
+            elif self.s.backfill is not None and info.starved and self.starved_reservations < STARVED_RESERVATIONS:
+                # every starved job gets its own start time (conservative backfill for
+                # them), so one starved job behind another does not stop the cluster
+                self.starved_reservations += 1
+                self._reserve(info)
         return reason
 
     def _settle_rest(self, ordered: list[JobInfo], start: int) -> bool:
@@ -399,6 +406,8 @@ class _Run:
                 info = ordered[start + j]
                 if (info.shape, info.static_priority, info.job.tenant, bool(k % 2)) not in self.no_victims:
                     return False
+        if starved.any() and self.s.backfill is not None:
+            return False  # starved jobs may still get a reservation each: one by one
         codes = (shape * 2 + soft).tolist()
         stop = len(codes)
         hold = starved & np.isin(shape * 2 + soft, keys[capacity])

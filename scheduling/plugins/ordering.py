@@ -192,7 +192,8 @@ class Srpt(Plugin):
 
     def victims(self, cycle: Cycle, info: JobInfo) -> list[tuple[BoolArray, PreemptReason]]:
         a = self.args
-        if not a.preempt or not cycle.running:
+        if not a.preempt or not cycle.running or info.starved or info.job.runtime_estimate_s is None:
+            # only for work known to be short; a starved job goes first and gets a reservation
             return []
         rt = cycle.runs()
         done = (cycle.now - rt.start) + np.where(rt.gpus > 0, rt.attained / np.maximum(rt.gpus, 1e-9), 0.0)

@@ -211,12 +211,14 @@ async def apply_status(conn: AsyncConnection, event_id: str, st: JobStatus,
 async def apply_binding(conn: AsyncConnection, b: Binding, occurred_at: datetime) -> None:
     if b.action not in (BindingAction.ALLOCATE, BindingAction.RESIZE) or not b.tasks:
         return  # a resize lists the replicas it adds; removed ones leave on their report
+    # only for jobs this gateway accepted and that have not ended (a stale scheduler's
+    # binding for a job nobody knows never shows up as a phantom allocation)
     await conn.execute(
         text("""INSERT INTO allocations_view (job_id, task_id, node_id, attempt, gpus,
                     cpu_milli, memory_mib, bound_at)
                 SELECT :j, :t, :n, :a, CAST(:g AS jsonb), :c, :m, :o
-                WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE id = :j
-                    AND state IN ('succeeded', 'failed', 'cancelled'))
+                WHERE EXISTS (SELECT 1 FROM jobs WHERE id = :j
+                    AND state NOT IN ('succeeded', 'failed', 'cancelled'))
                 ON CONFLICT (job_id, task_id) DO UPDATE SET node_id = EXCLUDED.node_id,
                     attempt = EXCLUDED.attempt, gpus = EXCLUDED.gpus
                 WHERE allocations_view.attempt < EXCLUDED.attempt"""),

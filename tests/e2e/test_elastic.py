@@ -52,8 +52,8 @@ def test_elastic_job_grows_shrinks_for_a_higher_priority_job_and_grows_back(
         stack: Stack) -> None:
     with httpx.Client(base_url=stack.url, headers=headers(stack), timeout=30) as c:
         deadline = time.monotonic() + 180  # other tests' jobs on this shared stack end first
-        while any(n["allocations"] for n in c.get("/v1/nodes").json()):
-            assert time.monotonic() < deadline, "the cluster never became idle"
+        while busy := [a for n in c.get("/v1/nodes").json() for a in n["allocations"]]:
+            assert time.monotonic() < deadline, f"the cluster never became idle: {busy[:4]}"
             time.sleep(0.5)
 
         # 1. it starts with one replica, then grows into the idle GPUs: 4 nodes x 8

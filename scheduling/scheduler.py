@@ -203,6 +203,9 @@ class Scheduler:
         pending = cycle.snapshot.pending
         hits = [old.get(id(j)) for j in pending]
         for k in [k for k, (j, h) in enumerate(zip(pending, hits, strict=True)) if h is None or h[0] is not j]:
+            stale = old.pop(id(pending[k]), None)
+            if stale is not None:  # a new object at a freed id: its predecessor's row is free
+                self._cols.release((stale[2],))
             info = self._new_info(cycle, pending[k])
             hits[k] = (pending[k], info, self._cols.add(self._row(info)))
         new = {id(h[0]): h for h in hits if h is not None}

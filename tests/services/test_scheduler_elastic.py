@@ -153,9 +153,9 @@ def test_a_user_resize_shrinks_at_once_and_caps_growth() -> None:
 
 def test_a_resize_of_a_job_not_yet_placed_sets_its_starting_size() -> None:
     s = new_state()
-    out = step(s, ready("X").gpus(8).replicas(2).build(),  # fills both nodes
-               ready("E").gpus(4).replicas(1).elastic(1, 4).build())
+    out = step(s, ready("X").gpus(8).replicas(2).build())  # fills both nodes
     assert {b.job_id for b in bindings(out)} == {"X"}
+    assert bindings(step(s, ready("E").gpus(4).replicas(1).elastic(1, 4).build())) == []
     step(s, JobCommand(job_id="E", action=CommandAction.RESIZE, replicas=3))
     x = s.jobs["X"].current()
     out = step(s, *(task_status("X", p.task_id, JobState.SUCCEEDED, node_id=p.node_id)

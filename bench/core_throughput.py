@@ -198,6 +198,18 @@ def run(nodes: int, cycles: int, seed: int, policy: Callable[[Snapshot], Plan]) 
     }
 
 
+def swapped(swaps: list[str]) -> SchedulerConfig:
+    """The default config with plugins replaced (``old=new``) or dropped (``old=``)."""
+    change = dict(sw.split("=", 1) for sw in swaps)
+    plugins = []
+    for p in SchedulerConfig().plugins:
+        if p.name not in change:
+            plugins.append(p.model_dump())
+        elif change[p.name]:
+            plugins.append({"name": change[p.name], "weight": p.weight})
+    return SchedulerConfig.load({"plugins": plugins})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, nargs="*", default=[500, 5000])
@@ -206,11 +218,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--repeat", type=int, default=1, help="runs per size; the best is kept")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--swap", action="append", default=[], metavar="OLD=NEW",
+                    help="replace a default plugin (kairos=fgd), or drop it (srpt=); for attribution")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "core_throughput.json"))
     args = ap.parse_args()
     runs = []
     for n in args.nodes:
-        tries = [run(n, args.cycles, args.seed, Scheduler(SchedulerConfig()).schedule)
+        tries = [run(n, args.cycles, args.seed, Scheduler(swapped(args.swap)).schedule)
                  for _ in range(args.repeat)]
         core = max(tries, key=lambda r: r["placements_per_s"])
         ff = run(n, args.ff_cycles, args.seed, first_fit) if args.ff_cycles else {
@@ -239,7 +253,7 @@ def main() -> None:
         print(f"time per placement grows x{out['time_per_placement_growth']} from "
               f"{runs[0]['nodes']} to {runs[-1]['nodes']} nodes")
     out["config"] = {"cycles": args.cycles, "seed": args.seed, "repeat": args.repeat,
-                     "policy": "SchedulerConfig() (all plugins)",
+                     "policy": "SchedulerConfig() (all plugins)" + (f", swapped {args.swap}" if args.swap else ""),
                      "timing": "wall time of schedule() per cycle; cpu_* is process CPU time",
                      "python": sys.version.split()[0], "cpus": os.cpu_count(),
                      "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}

@@ -395,7 +395,7 @@ class _Run:
         keys = np.unique(shape * 2 + soft)
         reasons: dict[int, PendingReason] = {}
         for k in keys.tolist():
-            r = self.failed.get(((k // 2,), bool(k % 2)))
+            r = self.failed.get(((k // 2,), bool(k % 2)))  # the memo's key: (info.shape, soft)
             if r is None:
                 return False
             reasons[k] = r

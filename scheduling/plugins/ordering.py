@@ -103,11 +103,11 @@ class EstimateArgs(BaseModel):
     preempt: bool = Field(False, description="SRTF only: preempt jobs with more time left")
 
 
-def _remaining(job: JobRequest, gpus: float, elapsed: float = 0.0) -> float:
+def _remaining(job: JobRequest, gpus: float) -> float:
     """Estimated seconds left; jobs without an estimate go last."""
     if job.runtime_estimate_s is None:
         return math.inf
-    done = elapsed + (job.attained_service_s / gpus if gpus else 0.0)
+    done = job.attained_service_s / gpus if gpus else 0.0
     return max(0.0, job.runtime_estimate_s - done)
 
 

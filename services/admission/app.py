@@ -21,6 +21,7 @@ from prometheus_client import Counter, Histogram
 from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.admission import cursor as page_cursor
 from services.admission import store, tokens
 from services.admission.auth import Principal, authenticate, require_admin
 from services.admission.settings import AdmissionSettings
@@ -85,7 +86,10 @@ class JobList(BaseModel):
     items: list[JobOut]
     limit: int
     offset: int
-    next_offset: int | None
+    next_offset: int | None = Field(description="offset of the next page; empty = last page")
+    next_cursor: str | None = Field(
+        default=None, description="pass as ?cursor= for the next page (stable while jobs "
+        "come and go); empty = last page")
 
 
 class NodeOut(BaseModel):
@@ -226,24 +230,38 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
     @app.get("/v1/jobs", response_model=JobList)
     async def list_jobs(
         caller: Caller,
-        state: JobState | None = None,
-        queue: str | None = None,
+        state: Annotated[JobState | None, Query(description="only jobs in this state")] = None,
+        queue: Annotated[str | None, Query(max_length=63,
+                                           description="only this queue's jobs")] = None,
         tenant: Annotated[str | None, Query(
             max_length=63, description="admins: only this tenant's jobs")] = None,
+        user: Annotated[str | None, Query(max_length=63,
+                                          description="only jobs this user submitted")] = None,
         limit: Annotated[int, Query(ge=1, le=settings.max_page_size)] = 100,
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
+        cursor: Annotated[str | None, Query(
+            max_length=512, description="next_cursor of the previous page")] = None,
     ) -> JobList:
-        """Jobs, oldest first: every tenant's for an admin, the token's tenant's otherwise."""
+        """Jobs, oldest first: every tenant's for an admin, the token's tenant's otherwise.
+        Page with ?cursor=<next_cursor> (stable) or ?offset=<next_offset>."""
         if not caller.admin:
             if tenant is not None and tenant != caller.tenant:
                 raise HTTPException(status.HTTP_403_FORBIDDEN, detail=(
                     f"this token lists only tenant {caller.tenant}'s jobs"))
             tenant = caller.tenant
+        try:
+            after = page_cursor.decode(cursor) if cursor else None
+        except page_cursor.BadCursor as exc:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=[{
+                "field": "query.cursor", "message": str(exc), "type": "value_error"}]) from exc
         rows = await store.list_jobs(engine, tenant, state.value if state else None, queue,
-                                     limit + 1, offset)
+                                     limit + 1, offset, user=user, after=after)
         more = len(rows) > limit
+        last = rows[limit - 1] if more else None
         return JobList(items=[_job_out(r) for r in rows[:limit]], limit=limit, offset=offset,
-                       next_offset=offset + limit if more else None)
+                       next_offset=offset + limit if more else None,
+                       next_cursor=page_cursor.encode(last["submitted_at"], last["id"])
+                       if last else None)
 
     async def _visible_job(job_id: str, caller: Principal) -> dict[str, Any]:
         row = await store.get_job(engine, job_id)

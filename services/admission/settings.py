@@ -1,4 +1,12 @@
+from pydantic import BaseModel, Field
+
 from shared.config import CommonSettings
+
+
+class SubmitLimit(BaseModel):
+    rate_per_s: float = Field(ge=0, description="submits refilled per second; 0 = no limit")
+    burst: int = Field(ge=1, description="submits allowed at once")
+
 
 
 class AdmissionSettings(CommonSettings):
@@ -7,3 +15,17 @@ class AdmissionSettings(CommonSettings):
     dev_token: str = ""  # the embedded stack sets one; empty = no development token
     outbox_replay_window_s: int = 24 * 3600
     max_page_size: int = 500
+    # --- admission policy and job operations (routes_jobs_stream, routes_usage, policy) ---
+    # per-tenant submit rate limit, a token bucket shared by every replica (PostgreSQL):
+    # `submit_rate_per_s` refills, up to `submit_burst`; 0 turns the limit off. Lenient by
+    # default; KAIROS_TENANT_SUBMIT_LIMITS='{"vision": {"rate_per_s": 2, "burst": 10}}'
+    # sets one tenant's.
+    submit_rate_per_s: float = Field(default=500.0, ge=0)
+    submit_burst: int = Field(default=2000, ge=1)
+    tenant_submit_limits: dict[str, SubmitLimit] = Field(default_factory=dict)
+    max_job_gpus: int = Field(default=0, ge=0, description="whole GPUs a job may ask for "
+                              "(at its largest size); 0 = no limit")
+    # seconds between reads of new job events for the SSE streams (one query per
+    # replica per interval, whatever the number of watchers), and between keep-alives
+    stream_poll_s: float = Field(default=0.25, gt=0)
+    stream_keepalive_s: float = Field(default=15.0, gt=0)

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from services.admission import usage
 from shared.events import (
     Binding,
     BindingAction,
@@ -131,13 +132,19 @@ async def get_job(engine: AsyncEngine, job_id: str) -> dict[str, Any] | None:
 
 
 async def list_jobs(engine: AsyncEngine, tenant: str | None, state: str | None,
-                    queue: str | None, limit: int, offset: int) -> list[dict[str, Any]]:
+                    queue: str | None, limit: int, offset: int, user: str | None = None,
+                    after: tuple[datetime, str] | None = None) -> list[dict[str, Any]]:
+    """Jobs oldest first, by (submitted_at, id): ``after`` (a keyset cursor, the last
+    row of the previous page) makes pages stable while jobs come and go."""
     clauses: list[str] = []
     params: dict[str, Any] = {"limit": limit, "offset": offset}
-    for col, val in (("tenant", tenant), ("state", state), ("queue", queue)):
+    for col, val in (("tenant", tenant), ("state", state), ("queue", queue), ("user", user)):
         if val is not None:
-            clauses.append(f"{col} = :{col}")
+            clauses.append(f'"{col}" = :{col}')
             params[col] = val
+    if after is not None:
+        clauses.append("(submitted_at, id) > (:after_at, :after_id)")
+        params["after_at"], params["after_id"] = after
     where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
     async with engine.connect() as conn:
         rows = await conn.execute(
@@ -184,6 +191,7 @@ async def apply_status(conn: AsyncConnection, event_id: str, st: JobStatus,
          "x": st.exit_code, "t": st.task, "n": st.node_id, "m": st.message, "o": occurred_at})
     if inserted is None:
         return  # a replay
+    await usage.record(conn, st, occurred_at)
     if st.task is not None:
         if st.state.terminal or st.state is JobState.PREEMPTED:
             await conn.execute(

@@ -164,6 +164,12 @@ class ConsumerOptions:
     # None = the service setting. Consumers off the submit->running path (monitor, read
     # models) wait longer per fetch: an idle fetch costs the broker CPU.
     fetch_max_wait_ms: int | None = None
+    # False: never commit offsets (and join no group): for a manual assignment that is
+    # read from the beginning on every start, e.g. a view rebuilt from the whole history.
+    commit: bool = True
+    # False: a message that cannot be handled is logged and skipped, not dead-lettered:
+    # for a second reader of topics whose own consumer group dead-letters them already.
+    dead_letter: bool = True
 
 
 class Consumer:
@@ -192,7 +198,7 @@ class Consumer:
         self._service = settings.service_name
         common = dict(
             bootstrap_servers=settings.kafka_bootstrap,
-            group_id=options.group_id,
+            group_id=options.group_id if options.commit else None,
             enable_auto_commit=False,
             auto_offset_reset="earliest" if options.from_beginning else "latest",
             fetch_max_wait_ms=options.fetch_max_wait_ms or settings.fetch_max_wait_ms,
@@ -228,6 +234,10 @@ class Consumer:
         self._stopping.set()
         await self._consumer.stop()
 
+    def assignment(self) -> set[TopicPartition]:
+        """The partitions this consumer holds now (the group's share, or the manual set)."""
+        return set(self._consumer.assignment()) if self._started else set()
+
     async def run(self) -> None:
         """Consume until stopped. Offsets are committed after a whole batch is handled."""
         while not self._stopping.is_set():
@@ -244,7 +254,8 @@ class Consumer:
                     await self._handle_record(record)
             if self._on_batch_end is not None:
                 await self._on_batch_end()
-            await self._consumer.commit(offsets)
+            if self.options.commit:
+                await self._consumer.commit(offsets)
             await self._report_lag()
 
     async def _report_lag(self, every_s: float = 1.0) -> None:
@@ -358,6 +369,10 @@ class Consumer:
             error=error,
             consumer_group=self.options.group_id,
         )
+        if not self.options.dead_letter:
+            log.warning("skipped a message another consumer dead-letters", topic=record.topic,
+                        offset=record.offset, reason=reason, error=error[:200])
+            return
         await self._producer.publish(letter)
         metrics.DEADLETTERS.labels(self._service, record.topic, reason).inc()
         metrics.MESSAGES.labels(self._service, record.topic, "deadlettered").inc()

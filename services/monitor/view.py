@@ -1,62 +1,41 @@
-"""The monitor's view of the cluster, built from events, and the metrics it exports.
+"""The cluster-wide view, built from events by the elected monitor replica.
 
-Names and labels follow monitoring/METRICS.md (the catalogue dashboards and alerts read).
+It joins topics keyed differently (a job's queue and tenant come from jobs.submitted,
+keyed by queue; its states from jobs.status, keyed by job; its GPUs from bindings, keyed
+by node), so no partition subset could compute it: one replica reads every partition
+from the beginning and exports the cluster set of ``MonitorMetrics``. Pure bookkeeping:
+events in, metric values out; no I/O, the clock is passed in.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram
-
+from services.monitor.fragmentation import NodeRoom, Shape, fragmentation
+from services.monitor.metrics import MonitorMetrics
 from shared.events import (
     Binding,
     BindingAction,
-    DeadLetter,
     Event,
-    GpuHealth,
     JobState,
     JobStatus,
     JobSubmitted,
     NodeHeartbeat,
+    NodeInventory,
     NodeLost,
     NodeRegistered,
-    NodeTelemetry,
+    QueueChanged,
 )
+from shared.jobspec import JobSpec
 
 MIB = 1024 * 1024
-JOB_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
-
-JOBS = Gauge("kairos_jobs", "Jobs by state", ["state"])
-GPUS = Gauge("kairos_cluster_gpus", "GPUs by state (total, allocated, shared, degraded)",
-             ["state"])
-NODES = Gauge("kairos_nodes", "Nodes by state", ["state"])
-NODES_LOST = Counter("kairos_nodes_lost_total", "Nodes declared lost")
-HEARTBEAT_TIMEOUT = Gauge("kairos_node_heartbeat_timeout_seconds",
-                          "Silence after which a node is declared lost")
-DEADLETTERED = Counter("kairos_cluster_deadletters_total", "Dead letters seen on the bus",
-                       ["topic", "reason"])
-QUEUEING = Histogram("kairos_job_queueing_seconds", "Submission to first running",
-                     ["queue", "tenant"], buckets=JOB_BUCKETS)
-COMPLETION = Histogram("kairos_job_completion_seconds", "Submission to succeeded or failed (JCT)",
-                       ["queue", "tenant"], buckets=JOB_BUCKETS)
-QUEUE_PENDING = Gauge("kairos_queue_pending_jobs", "Jobs pending or admitted, not running",
-                      ["queue", "tenant"])
-QUEUE_RUNNING = Gauge("kairos_queue_running_jobs", "Jobs bound or running", ["queue", "tenant"])
-QUEUE_OLDEST = Gauge("kairos_queue_oldest_pending_seconds", "Age of the oldest waiting job",
-                     ["queue", "tenant"])
-STUCK = Gauge("kairos_jobs_stuck", "Jobs that stopped progressing, by reason", ["reason"])
-GPU_UTIL = Gauge("kairos_gpu_utilization_ratio", "GPU utilisation (0-1)", ["node", "gpu"])
-GPU_MEM = Gauge("kairos_gpu_memory_used_bytes", "GPU memory used", ["node", "gpu"])
-GPU_MEM_TOTAL = Gauge("kairos_gpu_memory_total_bytes", "GPU memory installed", ["node", "gpu"])
-GPU_TEMP = Gauge("kairos_gpu_temperature_celsius", "GPU temperature", ["node", "gpu"])
-GPU_POWER = Gauge("kairos_gpu_power_watts", "GPU power draw", ["node", "gpu"])
-GPU_DEGRADED = Gauge("kairos_gpu_degraded", "1 if the GPU is degraded", ["node", "gpu"])
-LAST_HEARTBEAT = Gauge("kairos_node_last_heartbeat_timestamp_seconds",
-                       "Unix time of a node's last heartbeat", ["node"])
-
 WAITING = {JobState.PENDING, JobState.ADMITTED, JobState.PREEMPTED}
 ACTIVE = {JobState.BOUND, JobState.RUNNING}
+RELEASED = {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED}
+REMEMBER = 200_000  # ended job ids / early statuses kept, so replays change nothing
 
 
 @dataclass
@@ -64,91 +43,202 @@ class JobTrack:
     queue: str
     tenant: str
     submitted_at: float
+    shapes: tuple[Shape, ...] = ()
     state: JobState = JobState.PENDING
     since: float = 0.0  # when it entered ``state``
     ran: bool = False
 
 
+@dataclass(frozen=True)
+class TaskHold:
+    """What one bound task holds on its node until it ends."""
+
+    node: str
+    gpus: tuple[tuple[int, int, int], ...]  # (index, MiB, compute %); MiB 0 = whole GPU
+    cpu_milli: int
+    memory_mib: int
+
+
+@dataclass
+class QueueConf:
+    tenant: str = ""
+    guaranteed_gpus: float | None = None
+    starvation_bound_s: float | None = None
+
+
+def _shapes(spec: JobSpec) -> tuple[Shape, ...]:
+    return tuple(Shape(t.resources.gpu, t.resources.gpu_memory or 0,
+                       t.resources.gpu_compute or 0) for t in spec.tasks)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, Mapping):
+        value = value.get("gpu", value.get("gpus"))
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+        else None
+
+
+def queue_conf(settings: Mapping[str, Any]) -> QueueConf:
+    """Read a QueueChanged's settings. The guaranteed quota is the queue's nominal GPU
+    quota (within it a tenant is always admitted, reclaiming what others borrowed)."""
+    guaranteed = None
+    for key in ("guaranteed", "nominal", "nominalQuota", "nominal_quota", "quota"):
+        if key in settings and (guaranteed := _number(settings[key])) is not None:
+            break
+    bound = None
+    for key in ("starvation_bound_s", "starvationBound", "starvation_bound"):
+        if key in settings and (bound := _number(settings[key])) is not None:
+            break
+    return QueueConf(str(settings.get("tenant") or ""), guaranteed, bound)
+
+
 @dataclass
 class ClusterView:
     stuck_after_s: float = 120.0
+    starvation_bound_s: float = 14 * 86400.0  # for queues that do not set their own
     jobs: dict[str, JobTrack] = field(default_factory=dict)  # jobs not yet ended
     ended: dict[str, int] = field(default_factory=dict)  # terminal state -> count
-    node_gpus: dict[str, int] = field(default_factory=dict)
+    ended_ids: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    early: OrderedDict[str, list[tuple[JobStatus, float]]] = field(default_factory=OrderedDict)
+    nodes: dict[str, NodeInventory] = field(default_factory=dict)
     last_seen: dict[str, float] = field(default_factory=dict)
     lost: set[str] = field(default_factory=set)
-    # (job, attempt, node) -> [(gpu index, shared)] of live bindings
-    bound: dict[tuple[str, int, str], list[tuple[int, bool]]] = field(default_factory=dict)
-    degraded: dict[str, set[int]] = field(default_factory=dict)
-    queues: set[tuple[str, str]] = field(default_factory=set)  # (queue, tenant) ever seen
+    cordoned: set[str] = field(default_factory=set)
+    holds: dict[tuple[str, int, str], TaskHold] = field(default_factory=dict)  # job, attempt, task
+    queues: dict[str, QueueConf] = field(default_factory=dict)
+    queue_tenant: dict[str, str] = field(default_factory=dict)  # first tenant seen on a queue
+    pairs: set[tuple[str, str]] = field(default_factory=set)  # (queue, tenant) ever seen
+    metrics: MonitorMetrics | None = None
 
     def apply(self, event: Event, occurred_at: float, seen_at: float) -> None:
         if isinstance(event, JobSubmitted):
-            if event.job_id not in self.jobs:
-                t = event.submitted_at.timestamp()
-                self.jobs[event.job_id] = JobTrack(event.queue, event.tenant, t, since=t)
-                self.queues.add((event.queue, event.tenant))
-        elif isinstance(event, JobStatus) and event.task is None:
-            self._job_status(event, occurred_at)
-        elif isinstance(event, JobStatus) and event.state.terminal and event.node_id:
-            self.bound.pop((event.job_id, event.attempt, event.node_id), None)
-        elif isinstance(event, Binding) and event.action is BindingAction.ALLOCATE:
-            self.bound[(event.job_id, event.attempt, event.node_id)] = [
-                (g.index, bool(g.memory_mib)) for t in event.tasks for g in t.gpus]
+            self._submitted(event)
+        elif isinstance(event, JobStatus):
+            if event.task is None:
+                self._job_status(event, occurred_at)
+            elif event.state in RELEASED:
+                self.holds.pop((event.job_id, event.attempt, event.task), None)
+        elif isinstance(event, Binding):
+            self._binding(event)
         elif isinstance(event, NodeRegistered):
-            inv = event.inventory
-            self.node_gpus[inv.node_id] = len(inv.gpus)
-            for g in inv.gpus:
-                GPU_MEM_TOTAL.labels(inv.node_id, str(g.index)).set(g.memory_mib * MIB)
-            self._seen(inv.node_id, seen_at)
+            self.nodes[event.inventory.node_id] = event.inventory
+            self._seen(event.inventory.node_id, seen_at)
+            if self.metrics is not None:
+                for g in event.inventory.gpus:
+                    self.metrics.gpu_mem_total.labels(event.inventory.node_id, str(g.index)).set(
+                        g.memory_mib * MIB)
         elif isinstance(event, NodeHeartbeat):
             self._seen(event.node_id, seen_at)
         elif isinstance(event, NodeLost):
             self.lost.add(event.node_id)
-        elif isinstance(event, NodeTelemetry):
-            self._telemetry(event)
-        elif isinstance(event, DeadLetter):
-            DEADLETTERED.labels(event.topic, event.reason).inc()
+        elif isinstance(event, QueueChanged):
+            if event.change == "deleted":
+                self.queues.pop(event.queue, None)
+            else:
+                self.queues[event.queue] = queue_conf(event.settings)
+        elif event.TYPE == "node.scheduling":  # the scheduler applied a cordon/drain
+            node, state = getattr(event, "node_id", ""), str(getattr(event, "scheduling", ""))
+            (self.cordoned.discard if state == "schedulable" else self.cordoned.add)(node)
+
+    # --- events ------------------------------------------------------------------------
 
     def _seen(self, node: str, at: float) -> None:
         self.last_seen[node] = at
         self.lost.discard(node)
 
+    def _submitted(self, ev: JobSubmitted) -> None:
+        if ev.job_id in self.jobs or ev.job_id in self.ended_ids:
+            return  # a replay (e.g. an outbox refill)
+        t = ev.submitted_at.timestamp()
+        self.jobs[ev.job_id] = JobTrack(ev.queue, ev.tenant, t, _shapes(ev.spec), since=t)
+        self.pairs.add((ev.queue, ev.tenant))
+        self.queue_tenant.setdefault(ev.queue, ev.tenant)
+        # statuses read before the submission (another topic, read in parallel)
+        for st, at in self.early.pop(ev.job_id, []):
+            self._job_status(st, at)
+
     def _job_status(self, st: JobStatus, at: float) -> None:
         job = self.jobs.get(st.job_id)
         if job is None:
-            return  # ended already, or submitted before this monitor's history
+            if st.job_id not in self.ended_ids:
+                self.early.setdefault(st.job_id, []).append((st, at))
+                while len(self.early) > REMEMBER:
+                    self.early.popitem(last=False)
+            return
         job.state, job.since = st.state, at
+        m = self.metrics
         if st.state is JobState.RUNNING and not job.ran:
             job.ran = True
-            QUEUEING.labels(job.queue, job.tenant).observe(max(0.0, at - job.submitted_at))
-        if st.state.terminal or st.state is JobState.PREEMPTED:
-            for k in [k for k in self.bound if k[0] == st.job_id]:
-                del self.bound[k]
+            if m is not None:
+                m.queueing.labels(job.queue, job.tenant).observe(max(0.0, at - job.submitted_at))
+        for key in [k for k in self.holds if k[0] == st.job_id
+                    and (k[1] < st.attempt or st.state in RELEASED)]:
+            del self.holds[key]  # an earlier attempt's tasks, or the job let them go
         if st.state.terminal:
-            if st.state is not JobState.CANCELLED:
-                COMPLETION.labels(job.queue, job.tenant).observe(
-                    max(0.0, at - job.submitted_at))
+            if st.state is not JobState.CANCELLED and m is not None:
+                m.completion.labels(job.queue, job.tenant).observe(max(0.0, at - job.submitted_at))
             self.ended[st.state.value] = self.ended.get(st.state.value, 0) + 1
             del self.jobs[st.job_id]
+            self.ended_ids[st.job_id] = None
+            while len(self.ended_ids) > REMEMBER:
+                self.ended_ids.popitem(last=False)
 
-    def _telemetry(self, event: NodeTelemetry) -> None:
-        self.degraded[event.node_id] = {
-            g.index for g in event.gpus if g.health is GpuHealth.DEGRADED}
-        for g in event.gpus:
-            labels = (event.node_id, str(g.index))
-            GPU_UTIL.labels(*labels).set(g.utilization_pct / 100)
-            GPU_MEM.labels(*labels).set(g.memory_used_mib * MIB)
-            GPU_TEMP.labels(*labels).set(g.temperature_c)
-            GPU_POWER.labels(*labels).set(g.power_w)
-            GPU_DEGRADED.labels(*labels).set(1 if g.health is GpuHealth.DEGRADED else 0)
+    def _binding(self, b: Binding) -> None:
+        # allocate starts a placement, resize grows an elastic job (its stopped replicas
+        # are released by their terminal reports, like any other task)
+        if b.action not in (BindingAction.ALLOCATE, BindingAction.RESIZE) or \
+                b.job_id in self.ended_ids:
+            return
+        for t in b.tasks:
+            self.holds[(b.job_id, b.attempt, t.task_id)] = TaskHold(
+                b.node_id, tuple((g.index, g.memory_mib, g.compute_pct) for g in t.gpus),
+                t.cpu_milli, t.memory_mib)
+
+    # --- export ------------------------------------------------------------------------
+
+    def _gpu_use(self) -> tuple[dict[tuple[str, int], tuple[int, int]], set[tuple[str, int]]]:
+        """Per physical GPU: (MiB, compute %) held by shares; and the GPUs held whole."""
+        shares: dict[tuple[str, int], tuple[int, int]] = {}
+        whole: set[tuple[str, int]] = set()
+        for h in self.holds.values():
+            for idx, mib, pct in h.gpus:
+                if mib or pct < 100:
+                    mem0, pct0 = shares.get((h.node, idx), (0, 0))
+                    shares[(h.node, idx)] = (mem0 + mib, pct0 + pct)
+                else:
+                    whole.add((h.node, idx))
+        return shares, whole
+
+    def fragmentation(self) -> float:
+        shares, whole = self._gpu_use()
+        rooms = []
+        for node, inv in self.nodes.items():
+            if node in self.lost or node in self.cordoned:
+                continue
+            room = NodeRoom()
+            for g in inv.gpus:
+                key = (node, g.index)
+                if key in whole:
+                    continue
+                if key in shares:
+                    mib, pct = shares[key]
+                    if pct < 100 and mib < g.memory_mib:
+                        room.partial.append((g.memory_mib - mib, 100 - pct))
+                else:
+                    room.whole_free += 1
+            rooms.append(room)
+        waiting = [s for j in self.jobs.values() if j.state in WAITING for s in j.shapes]
+        return fragmentation(rooms, waiting)
 
     def export(self, now: float) -> None:
+        m = self.metrics
+        if m is None:
+            return
         counts = dict.fromkeys((s.value for s in JobState), 0)
         counts.update(self.ended)
-        pending = dict.fromkeys(self.queues, 0)
-        running = dict.fromkeys(self.queues, 0)
-        oldest = dict.fromkeys(self.queues, 0.0)
+        pending = dict.fromkeys(self.pairs, 0)
+        running = dict.fromkeys(self.pairs, 0)
+        oldest = dict.fromkeys(self.pairs, 0.0)
         stuck = 0
         for job in self.jobs.values():
             counts[job.state.value] += 1
@@ -161,23 +251,53 @@ class ClusterView:
             if job.state is JobState.BOUND and now - job.since > self.stuck_after_s:
                 stuck += 1
         for s, n in counts.items():
-            JOBS.labels(s).set(n)
-        for gauge, values in ((QUEUE_PENDING, pending), (QUEUE_RUNNING, running),
-                              (QUEUE_OLDEST, oldest)):
+            m.jobs.labels(s).set(n)
+        for gauge, values in ((m.queue_pending, pending), (m.queue_running, running),
+                              (m.queue_oldest, oldest)):
             for (queue, tenant), v in values.items():
                 gauge.labels(queue, tenant).set(v)
-        STUCK.labels("bound_not_running").set(stuck)
-        whole: set[tuple[str, int]] = set()
-        shared: set[tuple[str, int]] = set()
-        for (_, _, node), gpus in self.bound.items():
-            for idx, is_shared in gpus:
-                (shared if is_shared else whole).add((node, idx))
-        GPUS.labels("total").set(sum(self.node_gpus.values()))
-        GPUS.labels("allocated").set(len(whole | shared))
-        GPUS.labels("shared").set(len(shared - whole))
-        GPUS.labels("degraded").set(sum(len(v) for v in self.degraded.values()))
-        NODES.labels("ready").set(len(set(self.node_gpus) - self.lost))
-        NODES.labels("lost").set(len(self.lost))
-        NODES.labels("cordoned").set(0)  # cordon arrives with the gateway's node operations
+        for queue, tenant in self.pairs:
+            conf = self.queues.get(queue)
+            bound = conf.starvation_bound_s if conf and conf.starvation_bound_s else None
+            m.starvation_bound.labels(queue, tenant).set(bound or self.starvation_bound_s)
+        m.stuck.labels("bound_not_running").set(stuck)
+        self._export_usage(m)
+        shares, whole = self._gpu_use()
+        live = [inv for n, inv in self.nodes.items() if n not in self.lost]
+        m.gpus.labels("total").set(sum(len(inv.gpus) for inv in live))
+        m.gpus.labels("allocated").set(len(whole | set(shares)))
+        m.gpus.labels("shared").set(len(set(shares) - whole))
+        m.fragmentation.set(self.fragmentation())
+        m.nodes.labels("ready").set(len(set(self.nodes) - self.lost - self.cordoned))
+        m.nodes.labels("lost").set(len(self.lost))
+        m.nodes.labels("cordoned").set(len(self.cordoned - self.lost))
         for node, t in self.last_seen.items():
-            LAST_HEARTBEAT.labels(node).set(t)
+            m.last_heartbeat.labels(node).set(t)
+
+    def _export_usage(self, m: MonitorMetrics) -> None:
+        """Quota use per queue and DRF dominant share per (queue, tenant)."""
+        live = [inv for n, inv in self.nodes.items() if n not in self.lost]
+        capacity = (sum(len(i.gpus) for i in live), sum(i.cpu_milli for i in live),
+                    sum(i.memory_mib for i in live))
+        use: dict[tuple[str, str], list[float]] = {p: [0.0, 0.0, 0.0] for p in self.pairs}
+        for (job_id, _, _), h in self.holds.items():
+            job = self.jobs.get(job_id)
+            if job is None:
+                continue
+            u = use.setdefault((job.queue, job.tenant), [0.0, 0.0, 0.0])
+            u[0] += sum(1.0 if not mib and pct >= 100 else pct / 100 for _, mib, pct in h.gpus)
+            u[1] += h.cpu_milli
+            u[2] += h.memory_mib
+        by_queue: dict[str, float] = {q: 0.0 for q in self.queues}
+        for (queue, tenant), u in use.items():
+            shares = [x / c for x, c in zip(u, capacity, strict=True) if c > 0]
+            m.dominant_share.labels(queue, tenant).set(max(shares, default=0.0))
+            by_queue[queue] = by_queue.get(queue, 0.0) + u[0]
+        for queue, used in by_queue.items():
+            conf = self.queues.get(queue, QueueConf())
+            tenant = conf.tenant or self.queue_tenant.get(queue, "")
+            guaranteed = conf.guaranteed_gpus
+            m.queue_quota.labels(queue, tenant, "used").set(used)
+            m.queue_quota.labels(queue, tenant, "guaranteed").set(guaranteed or 0)
+            m.queue_quota.labels(queue, tenant, "borrowed").set(
+                max(0.0, used - guaranteed) if guaranteed is not None else 0.0)

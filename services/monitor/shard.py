@@ -1,0 +1,99 @@
+"""The partitioned share of the monitor's work.
+
+Every replica joins the ``monitor`` consumer group on the topics whose events stand alone
+(nodes.telemetry keyed by node, jobs.status keyed by job, deadletter keyed by source
+topic); the group gives each replica a subset of their partitions, and each replica
+exports only what it read: per-GPU telemetry for the nodes of its partitions, the count
+of their degraded GPUs, job transitions and dead letters. Prometheus adds the shares up.
+When a rebalance takes a partition away, the next export drops its nodes' series, so a
+GPU is not reported by two replicas for longer than one batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from services.monitor.metrics import MonitorMetrics
+from shared.bus import partition_for
+from shared.events import DeadLetter, Event, GpuHealth, JobStatus, NodeTelemetry
+
+MIB = 1024 * 1024
+
+
+class TransitionReason(StrEnum):
+    """Bounded label values for the free-text reasons on jobs.status."""
+
+    ADMITTED = "admitted"
+    PLACED = "placed"
+    STARTED = "started"
+    COMPLETED = "completed"
+    RESIZED = "resized"
+    RETRY = "retry"
+    OUT_OF_RETRIES = "out_of_retries"
+    PREEMPTED = "preempted"
+    NODE_LOST = "node_lost"
+    TIME_LIMIT = "time_limit"
+    CANCELLED = "cancelled"
+    OTHER = "other"
+
+
+# (prefix of the reason, its class), first match wins; see services/scheduler/state.py
+_PREFIXES = (
+    ("admitted", TransitionReason.ADMITTED),
+    ("placed", TransitionReason.PLACED),
+    ("all tasks running", TransitionReason.STARTED),
+    ("all tasks succeeded", TransitionReason.COMPLETED),
+    ("resized", TransitionReason.RESIZED),
+    ("out of retries", TransitionReason.OUT_OF_RETRIES),
+    ("retry", TransitionReason.RETRY),
+    ("preempted", TransitionReason.PREEMPTED),
+    ("node lost", TransitionReason.NODE_LOST),
+    ("time limit", TransitionReason.TIME_LIMIT),
+    ("returned", TransitionReason.CANCELLED),
+)
+
+
+def transition_reason(reason: str) -> TransitionReason:
+    text = reason.strip().lower()
+    for prefix, cls in _PREFIXES:
+        if text.startswith(prefix):
+            return cls
+    return TransitionReason.CANCELLED if "cancel" in text else TransitionReason.OTHER
+
+
+@dataclass
+class ShardView:
+    metrics: MonitorMetrics
+    telemetry_partitions: int  # of nodes.telemetry, to know which nodes a partition holds
+    topic: str = "nodes.telemetry"
+    gpus: dict[str, set[int]] = field(default_factory=dict)  # node -> GPU indices exported
+    degraded: dict[str, set[int]] = field(default_factory=dict)
+
+    def apply(self, event: Event) -> None:
+        m = self.metrics
+        if isinstance(event, NodeTelemetry):
+            self.gpus.setdefault(event.node_id, set()).update(g.index for g in event.gpus)
+            self.degraded[event.node_id] = {
+                g.index for g in event.gpus if g.health is GpuHealth.DEGRADED}
+            for g in event.gpus:
+                labels = (event.node_id, str(g.index))
+                m.gpu_util.labels(*labels).set(g.utilization_pct / 100)
+                m.gpu_mem.labels(*labels).set(g.memory_used_mib * MIB)
+                m.gpu_temp.labels(*labels).set(g.temperature_c)
+                m.gpu_power.labels(*labels).set(g.power_w)
+                m.gpu_degraded.labels(*labels).set(1 if g.health is GpuHealth.DEGRADED else 0)
+        elif isinstance(event, JobStatus) and event.task is None:
+            m.transitions.labels(event.state.value, transition_reason(event.reason).value).inc()
+        elif isinstance(event, DeadLetter):
+            m.deadletters.labels(event.topic, event.reason).inc()
+
+    def export(self, owned: set[int]) -> None:
+        """``owned``: the telemetry partitions this replica holds now."""
+        for node in [n for n in self.gpus
+                     if partition_for(n, self.telemetry_partitions) not in owned]:
+            for idx in self.gpus.pop(node):
+                for gauge in self.metrics.per_gpu():
+                    gauge.remove(node, str(idx))
+            self.degraded.pop(node, None)
+        self.metrics.gpus.labels("degraded").set(sum(len(v) for v in self.degraded.values()))

@@ -13,7 +13,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from scheduling import Scheduler, SchedulerConfig
+from scheduling import PendingReason, Plan, PreemptReason, ResizeReason, Scheduler, SchedulerConfig
 from services.scheduler.leader import LeaderLease
 from services.scheduler.state import NodeView, Output, SchedulerState
 from shared.bus import Consumer, ConsumerOptions
@@ -29,10 +29,30 @@ log = get_logger(__name__)
 CYCLE_SECONDS = Histogram("kairos_scheduler_cycle_seconds", "Scheduling cycle time by phase",
                           ["phase"], buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25,
                                               .5, 1, 2.5))
-PLACEMENTS = Counter("kairos_scheduler_placements_total", "Tasks bound")
+PLACEMENTS = Counter("kairos_scheduler_placements_total",
+                     "Tasks bound to GPUs (placed, or grown into an elastic job)")
+PREEMPTIONS = Counter("kairos_scheduler_preemptions_total", "Tasks asked to stop, by reason",
+                      ["reason"])
 PENDING = Gauge("kairos_scheduler_pending_jobs", "Jobs left pending, by reason", ["reason"])
+for _r in PreemptReason:  # every reason is a series from the start (0 until it happens)
+    PREEMPTIONS.labels(_r.value)
 IS_LEADER = Gauge("kairos_scheduler_is_leader", "1 while this process leads")
 EPOCH = Gauge("kairos_scheduler_epoch", "The fencing epoch of this leader")
+
+
+def placed_tasks(events: list[tuple[Envelope, str]]) -> int:
+    """Tasks the bindings among ``events`` start: a placement's, and the replicas a
+    resize grows (a shrink's resize starts none)."""
+    return sum(len(env.data.get("tasks") or []) for env, _ in events
+               if env.type == "binding" and env.data.get("action") in ("allocate", "resize"))
+
+
+def count_preemptions(plan: Plan) -> None:
+    for pre in plan.preemptions:
+        PREEMPTIONS.labels(pre.reason.value).inc(len(pre.task_ids) or 1)
+    for rz in plan.resizes:
+        if rz.reason is ResizeReason.SHRINK:
+            PREEMPTIONS.labels(PreemptReason.SHRINK.value).inc(len(rz.stop_task_ids))
 
 
 class SchedulerSettings(CommonSettings):
@@ -83,15 +103,17 @@ class SchedulerService:
 
     async def flush(self) -> None:
         """After each batch: run a cycle if anything changed, persist, then publish."""
-        if self.state.needs_cycle:
-            t0 = time.perf_counter()
+        t0 = time.perf_counter()
+        cycled = self.state.needs_cycle
+        if cycled:
+            first = len(self.out.events)
             plan = self.state.cycle(time.time(), self.out)
             CYCLE_SECONDS.labels("place").observe(time.perf_counter() - t0)
-            PLACEMENTS.inc(len(plan.binds))
-            PENDING.clear()
-            for reason in set(self.state.pending_reasons.values()):
-                PENDING.labels(reason).set(
-                    sum(1 for r in self.state.pending_reasons.values() if r == reason))
+            PLACEMENTS.inc(placed_tasks(self.out.events[first:]))
+            count_preemptions(plan)
+            reasons = list(self.state.pending_reasons.values())
+            for reason in {*PendingReason, *reasons}:  # 0 for reasons no job has now
+                PENDING.labels(str(reason)).set(reasons.count(reason))
         out, self.out = self.out, Output()
         t1 = time.perf_counter()
         await self.persist(out)
@@ -100,6 +122,8 @@ class SchedulerService:
             t2 = time.perf_counter()
             await self.rt.producer.publish_many(out.events)
             CYCLE_SECONDS.labels("publish").observe(time.perf_counter() - t2)
+        if cycled:
+            CYCLE_SECONDS.labels("total").observe(time.perf_counter() - t0)
         self.state.evict_finished()
 
     async def persist(self, out: Output) -> None:

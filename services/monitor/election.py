@@ -21,17 +21,19 @@ Hook = Callable[[], Awaitable[None]]
 
 
 class Election:
-    def __init__(self, database_url: str, holder: str, poll_s: float = 2.0) -> None:
+    def __init__(self, database_url: str, holder: str, poll_s: float = 2.0,
+                 key: int = LOCK_KEY) -> None:
         self._dsn = asyncpg_dsn(database_url)
         self.holder = holder
         self.poll_s = poll_s
+        self.key = key
         self.leading = False
         self._conn: asyncpg.Connection | None = None
 
     async def _try(self) -> bool:
         if self._conn is None or self._conn.is_closed():
             self._conn = await asyncpg.connect(self._dsn, timeout=5)
-        return bool(await self._conn.fetchval("SELECT pg_try_advisory_lock($1)", LOCK_KEY))
+        return bool(await self._conn.fetchval("SELECT pg_try_advisory_lock($1)", self.key))
 
     async def _alive(self) -> bool:
         if self._conn is None or self._conn.is_closed():

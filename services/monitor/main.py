@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 
 from aiokafka import TopicPartition
 
-from services.monitor.election import Election
+from services.monitor.election import LOCK_KEY, Election
 from services.monitor.metrics import MonitorMetrics
 from services.monitor.shard import ShardView
 from services.monitor.view import ClusterView
@@ -58,6 +58,7 @@ class MonitorSettings(CommonSettings):
     stuck_after_s: float = 120.0  # bound this long without running: stuck
     starvation_bound_s: float = 14 * 86400.0  # queues without their own (the default policy's)
     election_poll_s: float = 2.0
+    election_key: int = LOCK_KEY  # one per monitor deployment sharing a database
     shard_group: str = "monitor"  # the consumer group the replicas split the shard topics in
     export_every_s: float = 0.5  # the cluster view's export, at most this often
 
@@ -78,7 +79,7 @@ class MonitorReplica:
         self.shard_consumer: Consumer | None = None
         self.election = Election(settings.database_url,
                                  f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}",
-                                 settings.election_poll_s)
+                                 settings.election_poll_s, settings.election_key)
 
     async def setup(self) -> Consumer:
         """The shard consumer (group ``monitor``); the caller runs it."""

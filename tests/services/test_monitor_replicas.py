@@ -1,0 +1,250 @@
+"""Two monitor replicas split the work without double counting, against the real broker
+(its own Tansu, so no other test's events are mixed in) and real PostgreSQL: every
+series summed over the two equals what one replica alone exports, each GPU comes from
+exactly one of them, and when the elected one stops the other takes the cluster view over."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from kairos.embedded import EmbeddedBroker
+from services.monitor.election import LOCK_KEY
+from services.monitor.main import MonitorReplica, MonitorSettings
+from services.monitor.metrics import MonitorMetrics
+from shared.bus import Consumer, Producer, ensure_topics
+from shared.events import (
+    Binding,
+    BindingAction,
+    DeadLetter,
+    Event,
+    GpuAssignment,
+    GpuHealth,
+    GpuTelemetry,
+    JobState,
+    JobStatus,
+    JobSubmitted,
+    NodeHeartbeat,
+    NodeTelemetry,
+    QueueChanged,
+    TaskBinding,
+)
+from shared.jobspec import parse_job_spec
+from tests.services.builders import node
+
+pytestmark = [pytest.mark.broker, pytest.mark.db]
+
+NODES = [f"m{i}" for i in range(6)]
+DEGRADED = {"m0", "m1"}  # GPU 1 of these
+# series whose value is the time of the export or of the consumption, not a count
+TIME_DEPENDENT = {"kairos_queue_oldest_pending_seconds",
+                  "kairos_node_last_heartbeat_timestamp_seconds"}
+Key = tuple[str, frozenset[tuple[str, str]]]
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[str]:
+    b = EmbeddedBroker(log_path=tmp_path / "tansu.log")
+    bootstrap = b.start()
+    asyncio.run(ensure_topics(bootstrap, max_partitions=4))
+    yield bootstrap
+    b.stop()
+
+
+@dataclass
+class Replica:
+    monitor: MonitorReplica
+    registry: CollectorRegistry
+    consumer: Consumer
+    producer: Producer
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def samples(self) -> dict[Key, float]:
+        return {(s.name, frozenset(s.labels.items())): s.value
+                for metric in self.registry.collect() for s in metric.samples
+                if not s.name.endswith("_created") and s.name not in TIME_DEPENDENT}
+
+    def gpus(self) -> set[tuple[str, str]]:
+        return {(dict(labels)["node"], dict(labels)["gpu"]) for (name, labels) in self.samples()
+                if name == "kairos_gpu_utilization_ratio"}
+
+    async def stop(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        for t in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        await self.consumer.stop()
+        await self.producer.stop()
+
+
+async def start(bootstrap: str, db_url: str, group: str, key: int) -> Replica:
+    settings = MonitorSettings(
+        kafka_bootstrap=bootstrap, database_url=db_url, shard_group=group, election_key=key,
+        lost_after_s=3600, check_every_s=0.3, election_poll_s=0.3, export_every_s=0,
+        session_timeout_ms=6000, heartbeat_interval_ms=500, rebalance_timeout_ms=6000)
+    producer = Producer(bootstrap, "monitor")
+    await producer.start()
+    registry = CollectorRegistry()
+    monitor = MonitorReplica(settings, producer, MonitorMetrics(registry))
+    consumer = await monitor.setup()
+    await consumer.start()
+    r = Replica(monitor, registry, consumer, producer)
+    r.tasks = [asyncio.create_task(consumer.run()), asyncio.create_task(monitor.campaign()),
+               asyncio.create_task(monitor.watch_nodes())]
+    return r
+
+
+def total(*replicas: Replica) -> dict[Key, float]:
+    out: dict[Key, float] = {}
+    for r in replicas:
+        for k, v in r.samples().items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
+async def until(check: object, what: str, timeout_s: float = 60) -> None:
+    """Poll ``check()`` (a message, "" when satisfied) until it holds or time runs out."""
+    message = "never checked"
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            while message := check():  # type: ignore[operator]
+                await asyncio.sleep(0.3)
+    assert not message, f"{what}: {message}"
+
+
+def differences(pair: dict[Key, float], one: dict[Key, float]) -> str:
+    keys = {k for k in pair.keys() | one.keys() if pair.get(k, 0.0) != one.get(k, 0.0)}
+    return "; ".join(f"{n}{dict(lb)}: pair {pair.get((n, lb))} vs one {one.get((n, lb))}"
+                     for n, lb in sorted(keys, key=str)[:8])
+
+
+def telemetry(round_: int) -> list[Event]:
+    return [NodeTelemetry(node_id=n, gpus=[
+        GpuTelemetry(index=i, utilization_pct=10 * round_ + i, memory_used_mib=1024,
+                     temperature_c=55, power_w=250,
+                     health=GpuHealth.DEGRADED if n in DEGRADED and i == 1
+                     else GpuHealth.HEALTHY) for i in range(2)]) for n in NODES]
+
+
+def cluster_events() -> list[Event]:
+    spec = parse_job_spec({"name": "j", "queue": "research", "tasks": [{"name": "w"}]})
+    now = datetime.now(UTC)
+    evs: list[Event] = [node(n, gpus=2) for n in NODES]
+    evs += [NodeHeartbeat(node_id=n) for n in NODES]
+    evs.append(QueueChanged(queue="research", change="created",
+                            settings={"tenant": "vision", "nominal": {"gpu": 2}}))
+    for j in ("J1", "J2", "J3", "J4", "J5"):
+        evs.append(JobSubmitted(job_id=j, queue="research", tenant="vision", user="u",
+                                spec=spec, submitted_at=now))
+
+    def bind(job: str, action: BindingAction, node_id: str, *gpus: GpuAssignment) -> Binding:
+        return Binding(binding_id=f"{job}-{action}", action=action, node_id=node_id, epoch=1,
+                       job_id=job, tasks=[TaskBinding(task_id=f"w-{g.index}.{action}",
+                                                      task_name="w", role="w", replica=0,
+                                                      rank=0, gpus=[g]) for g in gpus])
+
+    evs += [bind("J1", BindingAction.ALLOCATE, "m0", GpuAssignment(index=0)),
+            bind("J4", BindingAction.ALLOCATE, "m1", GpuAssignment(index=0)),
+            bind("J4", BindingAction.RESIZE, "m2", GpuAssignment(index=0)),  # grown
+            bind("J5", BindingAction.ALLOCATE, "m3",
+                 GpuAssignment(index=1, memory_mib=20480, compute_pct=25))]
+    for j, states in {"J1": ["admitted", "bound", "running"], "J2": ["admitted"],
+                      "J3": ["admitted", "bound", "running", "succeeded"],
+                      "J4": ["admitted", "bound", "running"], "J5": ["admitted", "bound"]}.items():
+        evs += [JobStatus(job_id=j, state=JobState(s), reason=f"test {s}") for s in states]
+    evs += [DeadLetter(topic="jobs.commands", partition=0, offset=i, msg_key=None, value="{",
+                       reason="undecodable", error="test", consumer_group="g")
+            for i in range(3)]
+    return evs
+
+
+@pytest.fixture
+async def publisher(own_broker: str) -> AsyncIterator[Producer]:
+    p = Producer(own_broker, "test")
+    await p.start()
+    yield p
+    await p.stop()
+
+
+async def test_two_replicas_sum_to_what_one_exports(own_broker: str, db_url: str,
+                                                    publisher: Producer) -> None:
+    tag = uuid.uuid4().hex[:6]
+    one = await start(own_broker, db_url, f"monitor-one-{tag}", LOCK_KEY + 1)
+    pair = [await start(own_broker, db_url, f"monitor-pair-{tag}", LOCK_KEY) for _ in range(2)]
+    try:
+        # the group has split the shard topics between the two before anything is sent
+        def split() -> str:
+            owned = [r.monitor._owned_telemetry() for r in pair]
+            if not all(owned) or owned[0] & owned[1] or len(owned[0] | owned[1]) != 4:
+                return f"telemetry partitions {owned}"
+            return "" if len(one.monitor._owned_telemetry()) == 4 else "single not assigned"
+        await until(split, "the consumer group never split the partitions")
+        leaders = [r for r in pair if r.monitor.election.leading]
+        assert len(leaders) == 1, "exactly one replica of the pair is elected"
+        assert one.monitor.election.leading, "the lone replica leads its own election"
+
+        for e in [*cluster_events(), *telemetry(1)]:
+            await publisher.publish(e)
+
+        def expected(samples: dict[Key, float]) -> str:
+            def v(name: str, **labels: str) -> float | None:
+                return samples.get((name, frozenset(labels.items())))
+            want = {("kairos_cluster_gpus", "total"): 12, ("kairos_cluster_gpus", "allocated"): 4,
+                    ("kairos_cluster_gpus", "shared"): 1, ("kairos_cluster_gpus", "degraded"): 2}
+            for (name, state), n in want.items():
+                if v(name, state=state) != n:
+                    return f"{name}{{state={state}}} = {v(name, state=state)}, want {n}"
+            for labels, n in (({"state": "running", "reason": "other"}, 3),
+                              ({"state": "succeeded", "reason": "other"}, 1)):
+                if v("kairos_job_transitions_total", **labels) != n:
+                    return f"transitions {labels} = {v('kairos_job_transitions_total', **labels)}"
+            if v("kairos_cluster_deadletters_total", topic="jobs.commands",
+                 reason="undecodable") != 3:
+                return "dead letters not counted"
+            if v("kairos_queue_quota_gpus", queue="research", tenant="vision",
+                 kind="borrowed") != 1.25:  # 3 whole GPUs and a quarter, 2 guaranteed
+                return "quota"
+            return ""
+
+        await until(lambda: expected(one.samples()), "one replica alone")
+        await until(lambda: expected(total(*pair)) or differences(total(*pair), one.samples()),
+                    "the pair's sums")
+        exported = [r.gpus() for r in pair]
+        assert all(exported), "each replica exports its share of the GPUs"
+        assert not exported[0] & exported[1], "no GPU is exported twice"
+        assert exported[0] | exported[1] == one.gpus() == {(n, str(i)) for n in NODES
+                                                           for i in range(2)}
+        standby = next(r for r in pair if r not in leaders)
+        assert not any(name == "kairos_jobs" for name, _ in standby.samples()), \
+            "a standby exports no cluster-wide series"
+
+        # the elected replica stops: the other takes the cluster view and every partition
+        await leaders[0].stop()
+        pair.remove(leaders[0])
+        await until(lambda: "" if standby.monitor.election.leading else "not elected",
+                    "the standby never took over")
+        await until(lambda: "" if len(standby.monitor._owned_telemetry()) == 4 else "rebalance",
+                    "the survivor never got every partition")
+        for e in telemetry(2):  # agents keep reporting: the moved nodes come back
+            await publisher.publish(e)
+
+        def same_view() -> str:
+            a, b = standby.samples(), one.samples()
+            keys = [k for k in b if not k[0].startswith(("kairos_job_transitions",
+                                                          "kairos_cluster_deadletters"))]
+            bad = [k for k in keys if a.get(k) != b[k] and k[0] != "kairos_gpu_utilization_ratio"]
+            return differences(a, b) if bad else ""
+        await until(same_view, "after the failover")
+        assert standby.gpus() == one.gpus()
+    finally:
+        for r in [one, *pair]:
+            await r.stop()

@@ -375,11 +375,11 @@ def dashboard(
 def cluster() -> dict[str, Any]:
     L = Layout()
     alloc_ratio = (
-        'max(kairos_cluster_gpus{state="allocated"}) / max(kairos_cluster_gpus{state="total"})'
+        'sum(kairos_cluster_gpus{state="allocated"}) / sum(kairos_cluster_gpus{state="total"})'
     )
     p: list[Panel] = [
         L.row("Now"),
-        L.place(stat("GPUs", 'max(kairos_cluster_gpus{state="total"})'), 4, 4),
+        L.place(stat("GPUs", 'sum(kairos_cluster_gpus{state="total"})'), 4, 4),
         L.place(
             stat(
                 "GPUs allocated",
@@ -390,11 +390,11 @@ def cluster() -> dict[str, Any]:
             4,
             4,
         ),
-        L.place(stat("Shared GPUs", 'max(kairos_cluster_gpus{state="shared"})'), 4, 4),
+        L.place(stat("Shared GPUs", 'sum(kairos_cluster_gpus{state="shared"})'), 4, 4),
         L.place(
             stat(
                 "Degraded GPUs",
-                'max(kairos_cluster_gpus{state="degraded"})',
+                'sum(kairos_cluster_gpus{state="degraded"})',
                 thresholds=[(None, "green"), (1, "red")],
             ),
             4,
@@ -403,7 +403,7 @@ def cluster() -> dict[str, Any]:
         L.place(
             stat(
                 "Nodes ready / lost",
-                'max by (state) (kairos_nodes{state=~"ready|lost"})',
+                'sum by (state) (kairos_nodes{state=~"ready|lost"})',
                 legend="{{state}}",
             ),
             4,
@@ -424,10 +424,10 @@ def cluster() -> dict[str, Any]:
             timeseries(
                 "GPU allocation",
                 targets(
-                    ('max(kairos_cluster_gpus{state="total"})', "total"),
-                    ('max(kairos_cluster_gpus{state="allocated"})', "allocated"),
-                    ('max(kairos_cluster_gpus{state="shared"})', "shared"),
-                    ('max(kairos_cluster_gpus{state="degraded"})', "degraded"),
+                    ('sum(kairos_cluster_gpus{state="total"})', "total"),
+                    ('sum(kairos_cluster_gpus{state="allocated"})', "allocated"),
+                    ('sum(kairos_cluster_gpus{state="shared"})', "shared"),
+                    ('sum(kairos_cluster_gpus{state="degraded"})', "degraded"),
                 ),
                 desc="Allocated against installed GPUs; shared GPUs host fractional requests.",
             ),
@@ -471,8 +471,8 @@ def cluster() -> dict[str, Any]:
             timeseries(
                 "Nodes",
                 targets(
-                    ("max by (state) (kairos_nodes)", "{{state}}"),
-                    ("max(increase(kairos_nodes_lost_total[$__rate_interval]))", "lost (events)"),
+                    ("sum by (state) (kairos_nodes)", "{{state}}"),
+                    ("sum(increase(kairos_nodes_lost_total[$__rate_interval]))", "lost (events)"),
                 ),
             ),
             12,
@@ -483,7 +483,7 @@ def cluster() -> dict[str, Any]:
                 "Jobs by state",
                 targets(
                     (
-                        'max by (state) (kairos_jobs{state=~"pending|admitted|bound|running"})',
+                        'sum by (state) (kairos_jobs{state=~"pending|admitted|bound|running"})',
                         "{{state}}",
                     ),
                 ),
@@ -527,7 +527,7 @@ def queues() -> dict[str, Any]:
                 "Pending jobs",
                 targets(
                     (
-                        f"max by (queue, tenant) (kairos_queue_pending_jobs{sel})",
+                        f"sum by (queue, tenant) (kairos_queue_pending_jobs{sel})",
                         "{{queue}} / {{tenant}}",
                     ),
                 ),
@@ -541,7 +541,7 @@ def queues() -> dict[str, Any]:
                 "Running jobs",
                 targets(
                     (
-                        f"max by (queue, tenant) (kairos_queue_running_jobs{sel})",
+                        f"sum by (queue, tenant) (kairos_queue_running_jobs{sel})",
                         "{{queue}} / {{tenant}}",
                     ),
                 ),
@@ -573,8 +573,8 @@ def queues() -> dict[str, Any]:
                 "Quota use ÷ guarantee",
                 targets(
                     (
-                        'max by (queue, tenant) (kairos_queue_quota_gpus{kind="used", '
-                        'queue=~"$queue", tenant=~"$tenant"}) / max by (queue, tenant) '
+                        'sum by (queue, tenant) (kairos_queue_quota_gpus{kind="used", '
+                        'queue=~"$queue", tenant=~"$tenant"}) / sum by (queue, tenant) '
                         '(kairos_queue_quota_gpus{kind="guaranteed", queue=~"$queue", '
                         'tenant=~"$tenant"} > 0)',
                         "{{queue}} / {{tenant}}",
@@ -592,17 +592,17 @@ def queues() -> dict[str, Any]:
                 "GPU quota by tenant",
                 targets(
                     (
-                        'max by (queue, tenant) (kairos_queue_quota_gpus{kind="guaranteed", '
+                        'sum by (queue, tenant) (kairos_queue_quota_gpus{kind="guaranteed", '
                         'queue=~"$queue", tenant=~"$tenant"})',
                         "guaranteed",
                     ),
                     (
-                        'max by (queue, tenant) (kairos_queue_quota_gpus{kind="used", '
+                        'sum by (queue, tenant) (kairos_queue_quota_gpus{kind="used", '
                         'queue=~"$queue", tenant=~"$tenant"})',
                         "used",
                     ),
                     (
-                        'max by (queue, tenant) (kairos_queue_quota_gpus{kind="borrowed", '
+                        'sum by (queue, tenant) (kairos_queue_quota_gpus{kind="borrowed", '
                         'queue=~"$queue", tenant=~"$tenant"})',
                         "borrowed",
                     ),
@@ -616,7 +616,7 @@ def queues() -> dict[str, Any]:
                 "Borrowed GPUs",
                 targets(
                     (
-                        'max by (queue, tenant) (kairos_queue_quota_gpus{kind="borrowed", '
+                        'sum by (queue, tenant) (kairos_queue_quota_gpus{kind="borrowed", '
                         'queue=~"$queue", tenant=~"$tenant"})',
                         "{{queue}} / {{tenant}}",
                     ),
@@ -695,26 +695,26 @@ def jobs() -> dict[str, Any]:
     sel = '{queue=~"$queue"}'
     p: list[Panel] = [
         L.row("States"),
-        L.place(stat("Running", 'max(kairos_jobs{state="running"})'), 4, 4),
+        L.place(stat("Running", 'sum(kairos_jobs{state="running"})'), 4, 4),
         L.place(
-            stat("Waiting", 'sum(max by (state) (kairos_jobs{state=~"pending|admitted|bound"}))'),
+            stat("Waiting", 'sum(sum(kairos_jobs{state=~"pending|admitted|bound"}))'),
             4,
             4,
         ),
         L.place(
             stat(
                 "Failed",
-                'max(kairos_jobs{state="failed"})',
+                'sum(kairos_jobs{state="failed"})',
                 thresholds=[(None, "green"), (1, "orange")],
             ),
             4,
             4,
         ),
-        L.place(stat("Succeeded", 'max(kairos_jobs{state="succeeded"})'), 4, 4),
+        L.place(stat("Succeeded", 'sum(kairos_jobs{state="succeeded"})'), 4, 4),
         L.place(
             stat(
                 "Stuck",
-                "sum(max by (reason) (kairos_jobs_stuck))",
+                "sum(kairos_jobs_stuck)",
                 thresholds=[(None, "green"), (1, "red")],
             ),
             4,
@@ -733,7 +733,7 @@ def jobs() -> dict[str, Any]:
             timeseries(
                 "Jobs by state",
                 targets(
-                    ("max by (state) (kairos_jobs)", "{{state}}"),
+                    ("sum by (state) (kairos_jobs)", "{{state}}"),
                 ),
             ),
             12,
@@ -744,8 +744,7 @@ def jobs() -> dict[str, Any]:
                 "Transitions",
                 targets(
                     (
-                        f"sum by (state) (max by (state, reason) "
-                        f"(rate(kairos_job_transitions_total[{RI}])))",
+                        f"sum by (state) (rate(kairos_job_transitions_total[{RI}]))",
                         "{{state}}",
                     ),
                 ),
@@ -836,7 +835,7 @@ def jobs() -> dict[str, Any]:
             timeseries(
                 "Stuck jobs",
                 targets(
-                    ("max by (reason) (kairos_jobs_stuck)", "{{reason}}"),
+                    ("sum by (reason) (kairos_jobs_stuck)", "{{reason}}"),
                 ),
             ),
             12,
@@ -1108,11 +1107,13 @@ def platform() -> dict[str, Any]:
                         "dead-lettered {{service}} {{topic}} {{reason}}",
                     ),
                     (
-                        f'sum by (service) (rate(kairos_messages_total{{outcome="retried"}}[{RI}]))',
+                        f'sum by (service) (rate(kairos_messages_total{{outcome="retried"}}[{RI}]))'
+                        f" or 0 * sum by (service) (rate(kairos_messages_total[{RI}]))",
                         "retried {{service}}",
                     ),
                     (
-                        f'sum by (route) (rate(kairos_http_requests_total{{status=~"5.."}}[{RI}]))',
+                        f'sum by (route) (rate(kairos_http_requests_total{{status=~"5.."}}[{RI}]))'
+                        f" or 0 * sum by (route) (rate(kairos_http_requests_total[{RI}]))",
                         "HTTP 5xx {{route}}",
                     ),
                 ),

@@ -147,7 +147,9 @@ def nodes(url: UrlOpt = None, token: TokenOpt = None) -> None:
     t = Table("node", "state", "gpus", "allocated", "shared", "model")
     for n in rows:
         model = n["inventory"]["gpus"][0]["model"] if n["inventory"]["gpus"] else "-"
-        t.add_row(n["node_id"], n["state"], str(n["gpus_total"]), str(n["gpus_allocated"]),
+        state = n["state"] if n.get("scheduling", "schedulable") == "schedulable" \
+            else f"{n['state']},{n['scheduling']}"
+        t.add_row(n["node_id"], state, str(n["gpus_total"]), str(n["gpus_allocated"]),
                   str(n["gpus_shared"]), model)
     console.print(t)
 
@@ -314,6 +316,8 @@ def up(
         err.print(f"[red]{failure}[/]")
         raise typer.Exit(1)
 
+
+from kairos import cli_env, cli_nodes  # noqa: E402,F401  (they register on app)
 
 if __name__ == "__main__":
     app()

@@ -27,6 +27,7 @@ class PendingReason(StrEnum):
     PREEMPTING = "preempting"  # victims were asked to stop; it starts when they have
     AFFINITY = "affinity"  # a required (anti-)affinity rule cannot be met now
     NO_MATCHING_NODE = "no_matching_node"  # node selector / taints exclude every node
+    CORDONED = "cordoned"  # room for it only on cordoned (or draining) nodes
 
 
 class PreemptReason(StrEnum):
@@ -68,6 +69,8 @@ class Node:
     labels: dict[str, str] = field(default_factory=dict)
     rack: str = ""  # the leaf switch / rack above the node (topology level 3)
     schedulable: bool = True  # False when cordoned, lost or draining
+    cordoned: bool = False  # an operator cordoned it (schedulable is False too): pending
+    # jobs that would fit only there say ``cordoned`` rather than no_fit / never_fits
     taints: tuple[str, ...] = ()  # "key=value:Effect" or "key"; a job must tolerate each
     datasets: frozenset[str] = frozenset()  # datasets the agent reports in its local cache
 

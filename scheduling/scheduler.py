@@ -44,6 +44,8 @@ HOOKS = ("order_keys", "admit", "node_mask", "task_mask", "score", "victims", "m
 STARVED_RESERVATIONS = 16  # starved jobs beyond the EASY head that get a reservation per cycle
 _CAPACITY = (PendingReason.NO_FIT, PendingReason.GANG_INCOMPLETE, PendingReason.AFFINITY,
              PendingReason.GPU_MODEL)
+_ROOM = (PendingReason.NO_FIT, PendingReason.GANG_INCOMPLETE, PendingReason.NEVER_FITS,
+         PendingReason.NO_MATCHING_NODE)  # reasons a cordoned node's room may explain
 
 
 def _demand(binds: Sequence[Bind]) -> Resources:
@@ -324,7 +326,19 @@ class _Run:
                 break
         if self.s.elastic is not None and self.s.elastic.grow:
             self._grow()
+        if cycle.table.cordoned.any():
+            self._blame_cordon()
         return self.plan
+
+    def _blame_cordon(self) -> None:
+        """A job left pending for want of room that a cordoned node has free now says
+        ``cordoned``: uncordoning is what would start it. Only the reason changes."""
+        tbl, st = self.cycle.table, self.cycle.state
+        pend = self.plan.pending
+        for info in self.infos:
+            if pend.get(info.job.job_id) in _ROOM and any(
+                    self.placer.fit_mask(st, t, tbl.cordoned).any() for t in info.tasks):
+                pend[info.job.job_id] = PendingReason.CORDONED
 
     # --- phase 3: allocate ---------------------------------------------------------------
     def _block_for(self, info: JobInfo) -> tuple[BoolArray | None, bool]:

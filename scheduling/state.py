@@ -43,6 +43,8 @@ class NodeTable:
         self.cpu_total = np.asarray([x.cpu_milli for x in self.nodes], dtype=np.int64)
         self.mem_total = np.asarray([x.memory_mib for x in self.nodes], dtype=np.int64)
         self.schedulable = np.asarray([x.schedulable for x in self.nodes], dtype=bool)
+        self.cordoned = np.asarray([x.cordoned and not x.schedulable for x in self.nodes],
+                                   dtype=bool)
         self.rack, self.racks = _codes([x.rack for x in self.nodes])
         self.gmem_total = np.zeros((n, g), dtype=np.int64)
         self.exists = np.zeros((n, g), dtype=bool)

@@ -86,6 +86,25 @@ class JobReady(Event):
 # --- jobs.status (keyed by job) --------------------------------------------------------
 
 
+# The reason an agent gives when it stops a task at its spec's timeLimit; the scheduler
+# ends the job on it (no retry): cancelled for an interactive environment, failed for batch.
+TIME_LIMIT_REACHED = "time limit reached"
+# The cancel reason of an interactive environment handed back by its user; the job ends
+# cancelled with it.
+RETURNED = "returned"
+
+
+class Connection(BaseModel):
+    """How to reach an interactive environment: the host and port the agent allocated,
+    or the Pod's Service (Kubernetes runtime)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    host: str = ""
+    port: int | None = None
+    service: str = Field(default="", description="Kubernetes: the Service in front of the Pod")
+    simulated: bool = Field(default=False, description="a simulated node: nothing listens")
+
+
 class JobStatus(Event):
     """A transition of a whole job (``task`` empty) or of one task replica of it."""
 
@@ -101,6 +120,9 @@ class JobStatus(Event):
     epoch: int | None = Field(default=None, description="scheduler epoch of the binding")
     replicas: dict[str, int] | None = Field(
         default=None, description="after a resize: replicas per task group")
+    connection: Connection | None = Field(
+        default=None, description="running task of an interactive environment: where to "
+        "connect")
 
     def key(self) -> str:
         return self.job_id
@@ -212,6 +234,11 @@ class Binding(Event):
     stop_task_ids: list[str] = Field(
         default_factory=list, description="resize: tasks of the job to stop on this node "
         "(checkpoint signal, grace period, kill); the others keep running")
+    time_limit_s: float | None = Field(
+        default=None, description="the agent stops the tasks this long after they start")
+    interactive: bool = Field(
+        default=False, description="an interactive environment: the agent allocates a port "
+        "(KAIROS_PORT) and reports the connection")
 
     def key(self) -> str:
         return self.node_id
@@ -268,6 +295,48 @@ class NodeLost(Event):
     node_id: str
     last_seen: datetime
     reason: str = "missed heartbeats"
+
+    def key(self) -> str:
+        return self.node_id
+
+
+class NodeAction(StrEnum):
+    CORDON = "cordon"
+    DRAIN = "drain"
+    UNCORDON = "uncordon"
+
+
+class NodeCommand(Event):
+    """An operator's cordon / drain / uncordon of a node (admission, through its outbox).
+    ``generation`` rises with every command for the node, so a replay is ignored."""
+
+    TYPE: ClassVar[str] = "node.command"
+    node_id: str
+    action: NodeAction
+    generation: int = 0
+    reason: str = ""
+    requested_by: str = ""
+    grace_period_s: float = Field(default=30.0, ge=0, description="drain: checkpoint grace")
+
+    def key(self) -> str:
+        return self.node_id
+
+
+class NodeSchedulability(StrEnum):
+    SCHEDULABLE = "schedulable"
+    CORDONED = "cordoned"  # nothing new is placed there
+    DRAINING = "draining"  # cordoned, and its tasks are being stopped and requeued
+    DRAINED = "drained"  # cordoned, and nothing runs there any more
+
+
+class NodeSchedulingChanged(Event):
+    """The scheduler applied a node command (or a drain finished)."""
+
+    TYPE: ClassVar[str] = "node.scheduling"
+    node_id: str
+    scheduling: NodeSchedulability
+    generation: int = 0
+    reason: str = ""
 
     def key(self) -> str:
         return self.node_id
@@ -339,6 +408,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
         NodeRegistered,
         NodeHeartbeat,
         NodeLost,
+        NodeCommand,
+        NodeSchedulingChanged,
         NodeTelemetry,
         QueueChanged,
         DeadLetter,

@@ -100,9 +100,13 @@ class PriorityClass(StrEnum):
     URGENT = "urgent"
 
 
+JOB_KINDS = ("Job", "Interactive")
+
+
 class JobSpec(_Spec):
     api_version: str = Field(default="kairos/v1")
-    kind: str = Field(default="Job")
+    kind: str = Field(default="Job", description="Job (batch) or Interactive (an environment "
+                      "held until returned or its timeLimit)")
     name: Annotated[str, Field(min_length=1, max_length=63)]
     queue: Annotated[str, Field(min_length=1, max_length=63)] = "default"
     priority_class: PriorityClass = PriorityClass.NORMAL
@@ -135,8 +139,8 @@ class JobSpec(_Spec):
     @field_validator("kind")
     @classmethod
     def _kind(cls, v: str) -> str:
-        if v != "Job":
-            raise ValueError("must be Job")
+        if v not in JOB_KINDS:
+            raise ValueError(f"must be one of {', '.join(JOB_KINDS)}")
         return v
 
     @model_validator(mode="after")
@@ -148,7 +152,16 @@ class JobSpec(_Spec):
             raise ValueError(
                 f"minAvailable ({self.min_available}) exceeds total replicas ({self.total_replicas})"
             )
+        if self.interactive:
+            if self.total_replicas != 1 or any(t.elastic for t in self.tasks):
+                raise ValueError("an Interactive job has one task with one replica")
+            if self.time_limit is None:
+                raise ValueError("an Interactive job needs a timeLimit (seconds)")
         return self
+
+    @property
+    def interactive(self) -> bool:
+        return self.kind == "Interactive"
 
     @property
     def total_replicas(self) -> int:

@@ -24,6 +24,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.admission import cursor as page_cursor
 from services.admission import store, tokens
 from services.admission.auth import Principal, authenticate, require_admin
+from services.admission.routes_environments import router as environments_router
+from services.admission.routes_nodes_ops import router as nodes_ops_router
 from services.admission.settings import AdmissionSettings
 from shared.events import CommandAction, JobCommand, JobState
 from shared.http import ReadyCheck, add_ops_routes
@@ -101,6 +103,9 @@ class NodeOut(BaseModel):
     gpus_allocated: int
     gpus_shared: int
     allocations: list[dict[str, Any]]
+    scheduling: str = Field(default="schedulable", description="schedulable, cordoned, "
+                            "draining or drained (POST /v1/nodes/{id}/cordon|drain|uncordon)")
+    scheduling_reason: str = ""
 
 
 class Me(BaseModel):
@@ -332,7 +337,9 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
                 last_heartbeat=n["last_heartbeat"], gpus_total=len(inv.get("gpus", [])),
                 gpus_allocated=len(used | shared), gpus_shared=len(shared - used),
                 allocations=[a if caller.admin or a["tenant"] == caller.tenant
-                             else {"gpus": a["gpus"]} for a in n["allocations"]]))
+                             else {"gpus": a["gpus"]} for a in n["allocations"]],
+                scheduling=n.get("scheduling", "schedulable"),
+                scheduling_reason=n.get("scheduling_reason", "")))
         return out
 
     @app.get("/v1/me", response_model=Me)
@@ -366,4 +373,6 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
             raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no token {token_id}")
         return _token_out(row)
 
+    app.include_router(nodes_ops_router)
+    app.include_router(environments_router)
     return app

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from services.admission import usage
+from services.admission import ops_views, usage
 from shared.events import (
     Binding,
     BindingAction,
@@ -24,6 +24,7 @@ from shared.events import (
     NodeHeartbeat,
     NodeLost,
     NodeRegistered,
+    NodeSchedulingChanged,
     utcnow,
 )
 from shared.jobspec import JobSpec
@@ -174,6 +175,10 @@ async def apply_events(engine: AsyncEngine, items: list[tuple[Envelope, Event]])
         for env, event in items:
             if isinstance(event, JobStatus):
                 await apply_status(conn, env.id, event, env.occurred_at)
+                if event.connection is not None:
+                    await ops_views.apply_connection(conn, event)
+            elif isinstance(event, NodeSchedulingChanged):
+                await ops_views.apply_node_scheduling(conn, event)
             elif isinstance(event, Binding):
                 await apply_binding(conn, event, env.occurred_at)
             elif isinstance(event, NodeRegistered | NodeHeartbeat | NodeLost):

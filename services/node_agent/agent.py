@@ -16,6 +16,7 @@ from pathlib import Path
 
 from services.node_agent.devices.base import DeviceBackend
 from services.node_agent.devices.simulated import SimulatedDevices
+from services.node_agent.interactive import allocate, session_env
 from services.node_agent.rendezvous import rendezvous_env
 from services.node_agent.runtimes.base import (
     GpuGrant,
@@ -25,9 +26,11 @@ from services.node_agent.runtimes.base import (
     TaskLaunch,
 )
 from shared.events import (
+    TIME_LIMIT_REACHED,
     Binding,
     BindingAction,
     BindingRefused,
+    Connection,
     Event,
     GpuHealth,
     GpuInfo,
@@ -50,6 +53,8 @@ class TaskRecord:
     launch: TaskLaunch
     stop_state: JobState | None = None  # set when the scheduler asked for a stop
     stop_reason: str = "stopped by scheduler"
+    connection: Connection | None = None  # an interactive session's, once running
+    timer: asyncio.Task[None] | None = None  # stops it at the spec's timeLimit
 
 
 class NodeAgent:
@@ -115,14 +120,20 @@ class NodeAgent:
             await self._start(b, t)
 
     async def _start(self, b: Binding, t: TaskBinding) -> None:
+        key = f"{b.job_id}/{t.task_id}/{b.attempt}"
+        if key in self._tasks or key in self._done:
+            return  # a redelivered binding: started once already
+        env = {**t.env, **rendezvous_env(b, t)}
+        conn = None
+        if b.interactive:  # a port for the session, passed as KAIROS_PORT
+            conn = allocate(self.inventory.runtime, self.inventory.address, key)
+            env.update(session_env(conn))
         launch = TaskLaunch(
             job_id=b.job_id, task_id=t.task_id, attempt=b.attempt, image=t.image,
-            command=tuple(t.command), env={**t.env, **rendezvous_env(b, t)},
+            command=tuple(t.command), env=env,
             gpus=tuple(GpuGrant(g.index, g.uuid, g.memory_mib, g.compute_pct) for g in t.gpus),
             cpu_milli=t.cpu_milli, memory_mib=t.memory_mib, duration_s=b.duration_s)
-        if launch.key in self._tasks or launch.key in self._done:
-            return  # a redelivered binding: started once already
-        self._tasks[launch.key] = TaskRecord(launch)
+        self._tasks[launch.key] = rec = TaskRecord(launch, connection=conn)
         try:
             await self.runtime.start(launch)
         except RuntimeStartError as exc:
@@ -133,7 +144,20 @@ class NodeAgent:
         if launch.key not in self._tasks:
             return  # the runtime knew it had already ended (a restart): reported that
         self._load(launch, +1)
-        await self._report(launch, JobState.RUNNING, "started")
+        if b.time_limit_s:
+            rec.timer = asyncio.create_task(
+                self._expire(launch.key, b.time_limit_s, b.grace_period_s))
+        await self._report(launch, JobState.RUNNING, "started", connection=conn)
+
+    async def _expire(self, key: str, limit_s: float, grace_s: float) -> None:
+        """The spec's timeLimit: stop the task (signal, grace, kill) and say why."""
+        await asyncio.sleep(limit_s)
+        rec = self._tasks.get(key)
+        if rec is None or rec.stop_state is not None:
+            return
+        log.info("time limit reached: stopping", task=key, limit_s=limit_s)
+        rec.stop_state, rec.stop_reason = JobState.CANCELLED, TIME_LIMIT_REACHED
+        await self.runtime.stop(key, grace_s, reason="time_limit", message=TIME_LIMIT_REACHED)
 
     async def _stop(self, b: Binding, task_id: str, state: JobState,
                     why: str = "stopped by scheduler") -> None:
@@ -158,6 +182,8 @@ class NodeAgent:
             return
         self._remember(ex.key)
         self._load(rec.launch, -1)
+        if rec.timer is not None and rec.timer is not asyncio.current_task():
+            rec.timer.cancel()
         if rec.stop_state is not None:
             state, reason = rec.stop_state, rec.stop_reason
         elif ex.exit_code == 0:
@@ -203,11 +229,12 @@ class NodeAgent:
                 self.devices.set_load(g.index, busy, mem)
 
     async def _report(self, launch: TaskLaunch, state: JobState, reason: str,
-                      exit_code: int | None = None, message: str | None = None) -> None:
+                      exit_code: int | None = None, message: str | None = None,
+                      connection: Connection | None = None) -> None:
         await self._publish(JobStatus(
             job_id=launch.job_id, state=state, reason=reason, attempt=launch.attempt,
-            exit_code=exit_code, task=launch.task_id, node_id=self.node_id, message=message),
-            f"{state.value}-{launch.key}")
+            exit_code=exit_code, task=launch.task_id, node_id=self.node_id, message=message,
+            connection=connection), f"{state.value}-{launch.key}")
 
     def heartbeat(self) -> NodeHeartbeat:
         return NodeHeartbeat(node_id=self.node_id, running_tasks=len(self._tasks),

@@ -93,9 +93,12 @@ class SchedulerService:
                 "SELECT job_id FROM sched_jobs WHERE state IN ('succeeded', 'failed', 'cancelled')"
             ))).all() if x not in self.state.jobs)
             for r in (await conn.execute(text(
-                    "SELECT node_id, inventory, state FROM sched_nodes"))).mappings():
+                    "SELECT node_id, inventory, state, cordon, cordon_generation, cordon_reason"
+                    " FROM sched_nodes"))).mappings():
                 self.state.nodes[r["node_id"]] = NodeView(
-                    NodeInventory.model_validate(r["inventory"]), lost=r["state"] == "lost")
+                    NodeInventory.model_validate(r["inventory"]), lost=r["state"] == "lost",
+                    cordon=r["cordon"], cordon_generation=r["cordon_generation"],
+                    cordon_reason=r["cordon_reason"])
         log.info("state loaded", jobs=len(self.state.jobs), nodes=len(self.state.nodes))
 
     async def handle(self, env: Envelope, event: Event) -> None:
@@ -146,12 +149,16 @@ class SchedulerService:
             nodes = [self.state.nodes[n] for n in out.dirty_nodes if n in self.state.nodes]
             if nodes:
                 await conn.execute(text(
-                    """INSERT INTO sched_nodes (node_id, inventory, state)
-                       VALUES (:n, CAST(:i AS jsonb), :s)
+                    """INSERT INTO sched_nodes (node_id, inventory, state, cordon,
+                           cordon_generation, cordon_reason)
+                       VALUES (:n, CAST(:i AS jsonb), :s, :c, :g, :r)
                        ON CONFLICT (node_id) DO UPDATE SET inventory = EXCLUDED.inventory,
-                           state = EXCLUDED.state, updated_at = now()"""),
+                           state = EXCLUDED.state, cordon = EXCLUDED.cordon,
+                           cordon_generation = EXCLUDED.cordon_generation,
+                           cordon_reason = EXCLUDED.cordon_reason, updated_at = now()"""),
                     [{"n": v.inventory.node_id, "i": v.inventory.model_dump_json(),
-                      "s": "lost" if v.lost else "ready"} for v in nodes])
+                      "s": "lost" if v.lost else "ready", "c": v.cordon,
+                      "g": v.cordon_generation, "r": v.cordon_reason} for v in nodes])
 
 
 async def main(settings: SchedulerSettings | None = None) -> None:

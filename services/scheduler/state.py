@@ -26,6 +26,8 @@ from scheduling import (
     TaskRequest,
 )
 from shared.events import (
+    RETURNED,
+    TIME_LIMIT_REACHED,
     Binding,
     BindingAction,
     ClusterMember,
@@ -37,10 +39,14 @@ from shared.events import (
     JobReady,
     JobState,
     JobStatus,
+    NodeAction,
+    NodeCommand,
     NodeHeartbeat,
     NodeInventory,
     NodeLost,
     NodeRegistered,
+    NodeSchedulability,
+    NodeSchedulingChanged,
     NodeTelemetry,
     TaskBinding,
 )
@@ -52,6 +58,7 @@ log = get_logger(__name__)
 
 TERMINAL = {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED}
 DEFAULT_GRACE_S = 30.0  # checkpoint grace when the core gives none (JobRequest's default)
+HELD_S = 10 * 365 * 86400.0  # a simulated interactive session runs until returned / its limit
 
 
 @dataclass
@@ -101,6 +108,9 @@ class SchedJob:
     preempted_by: str = ""  # set while its tasks are asked to stop for another job
     targets: dict[str, int] = field(default_factory=dict)  # user resize: replicas per group
     resizes: int = 0  # resizes so far (deterministic ids of their events and new tasks)
+    cancel_reason: str = ""  # the job's final reason when a cancel ends it ("returned")
+    drain_requeue: bool = False  # stopping for a node drain: requeue without spending a retry
+    requeues: int = 0  # attempts that a drain started again (not counted against maxRetry)
 
     def live(self) -> Iterator[Placed]:
         return (p for p in self.placed if p.state not in TERMINAL)
@@ -120,6 +130,10 @@ class NodeView:
     inventory: NodeInventory
     lost: bool = False
     degraded_gpus: frozenset[int] = frozenset()
+    cordon: str = ""  # "" | "cordoned" | "draining": an operator's command
+    cordon_generation: int = 0  # of the last command applied (replays are ignored)
+    cordon_reason: str = ""
+    drained: bool = False  # draining and nothing of ours runs there any more (announced)
 
 
 @dataclass
@@ -201,13 +215,19 @@ class SchedulerState:
         elif isinstance(event, JobStatus):
             if event.task is not None:
                 self._on_task_status(event, out)
+                if event.node_id is not None:
+                    self._check_drained(event.node_id, out)
         elif isinstance(event, JobCommand):
             if event.action is CommandAction.CANCEL:
                 self._on_cancel(event, out)
             elif event.action is CommandAction.RESIZE:
                 self._on_resize(event, out)
+        elif isinstance(event, NodeCommand):
+            self._on_node_command(event, out)
         elif isinstance(event, NodeRegistered):
-            self.nodes[event.inventory.node_id] = NodeView(event.inventory)
+            old = self.nodes.get(event.inventory.node_id)
+            self.nodes[event.inventory.node_id] = NodeView(event.inventory) if old is None \
+                else replace(old, inventory=event.inventory, lost=False)  # keeps a cordon
             self._node_cache = None
             out.dirty_nodes.add(event.inventory.node_id)
             self.needs_cycle = True
@@ -256,12 +276,14 @@ class SchedulerState:
         job = self.jobs.get(cmd.job_id)
         if job is None:
             self.jobs[cmd.job_id] = SchedJob(cmd.job_id, None, JobState.CANCELLED, 0,
-                                             self._next_seq(), cancel_requested=True)
+                                             self._next_seq(), cancel_requested=True,
+                                             cancel_reason=cmd.reason)
             out.dirty_jobs.add(cmd.job_id)
             return
         if job.state in TERMINAL - {JobState.PREEMPTED} or job.cancel_requested:
             return
         job.cancel_requested = True
+        job.cancel_reason = cmd.reason if cmd.reason == RETURNED else ""
         out.dirty_jobs.add(job.job_id)
         if job.state is JobState.ADMITTED:
             job.state = JobState.CANCELLED
@@ -305,9 +327,13 @@ class SchedulerState:
         tasks = job.current()
         states = {p.state for p in tasks}
         if job.cancel_requested:
-            if all(s in TERMINAL for s in states):
+            if all(s in TERMINAL for s in states) and job.state not in TERMINAL:
                 job.state = JobState.CANCELLED
-                self._status(out, job, JobState.CANCELLED, "cancelled")
+                self._status(out, job, JobState.CANCELLED, job.cancel_reason or "cancelled")
+            return
+        if st.reason == TIME_LIMIT_REACHED and st.state is JobState.CANCELLED and \
+                job.state in (JobState.BOUND, JobState.RUNNING) and not job.preempted_by:
+            self._time_limit(job, out)
             return
         if st.state is JobState.RUNNING and job.state is JobState.BOUND and states == {
                 JobState.RUNNING}:
@@ -321,6 +347,19 @@ class SchedulerState:
             self._retry_or_fail(job, out, f"task {st.task} {st.state.value}: {st.reason}",
                                 st.exit_code)
 
+    def _time_limit(self, job: SchedJob, out: Output) -> None:
+        """A task reached the spec's timeLimit: the job ends, no retry. An interactive
+        environment was simply held until its limit (cancelled); a batch job failed."""
+        assert job.ready is not None
+        self._stop_tasks(job, out, TIME_LIMIT_REACHED)
+        job.cancel_requested = True  # the other tasks' reports change nothing any more
+        if job.ready.spec.interactive:
+            job.state = JobState.CANCELLED
+            self._status(out, job, JobState.CANCELLED, TIME_LIMIT_REACHED)
+        else:
+            job.state = JobState.FAILED
+            self._status(out, job, JobState.FAILED, TIME_LIMIT_REACHED)
+
     def _retry_or_fail(self, job: SchedJob, out: Output, why: str, exit_code: int | None) -> None:
         assert job.ready is not None
         if job.preempted_by:  # its tasks were already asked to stop
@@ -328,7 +367,10 @@ class SchedulerState:
             job.preempted_by = ""
         else:
             self._stop_tasks(job, out, why)
-        if job.attempt <= job.ready.spec.max_retry:
+        if job.drain_requeue:  # a drain moved it: this attempt does not count
+            job.drain_requeue = False
+            job.requeues += 1
+        if job.attempt - job.requeues <= job.ready.spec.max_retry:
             job.attempt += 1
             job.state = JobState.ADMITTED
             job.seq = self._next_seq()
@@ -361,6 +403,66 @@ class SchedulerState:
                     self._retry_or_fail(job, out, f"node {ev.node_id} lost", None)
         self.needs_cycle = True
 
+    # --- cordon / drain / uncordon ----------------------------------------------------
+
+    def _on_node_command(self, cmd: NodeCommand, out: Output) -> None:
+        view = self.nodes.get(cmd.node_id)
+        if view is None:
+            log.warning("node command for an unknown node ignored", node=cmd.node_id)
+            return
+        if cmd.generation and cmd.generation <= view.cordon_generation:
+            return  # a replay (or an older command delivered late)
+        view.cordon_generation = cmd.generation or view.cordon_generation
+        view.cordon_reason = cmd.reason
+        view.drained = False
+        view.cordon = {NodeAction.CORDON: "cordoned", NodeAction.DRAIN: "draining",
+                       NodeAction.UNCORDON: ""}[cmd.action]
+        self._node_cache = None
+        self.needs_cycle = True
+        out.dirty_nodes.add(cmd.node_id)
+        log.info("node command applied", node=cmd.node_id, action=cmd.action.value,
+                 by=cmd.requested_by)
+        if cmd.action is NodeAction.DRAIN:
+            self._drain(cmd.node_id, cmd.grace_period_s, out)
+        self._announce(view, out)
+        self._check_drained(cmd.node_id, out)
+
+    def _drain(self, node_id: str, grace_s: float, out: Output) -> None:
+        """Stop every job with a task of its current attempt there, gracefully
+        (checkpoint signal, grace period), as a preemption would, and requeue it: the
+        attempt does not count against its maxRetry."""
+        for job in self.jobs.values():
+            if job.state not in (JobState.BOUND, JobState.RUNNING) or job.cancel_requested \
+                    or job.preempted_by or not any(p.node_id == node_id for p in job.active()):
+                continue
+            job.preempted_by = f"drain of node {node_id}"
+            job.drain_requeue = True
+            out.dirty_jobs.add(job.job_id)
+            self._stop_tasks(job, out, f"preempted (drain) for node {node_id}", grace_s=grace_s)
+
+    def _check_drained(self, node_id: str, out: Output) -> None:
+        view = self.nodes.get(node_id)
+        if view is None or view.cordon != "draining" or view.drained:
+            return
+        if any(p.node_id == node_id for job in self.jobs.values() for p in job.live()):
+            return
+        view.drained = True
+        self._announce(view, out)
+
+    @staticmethod
+    def scheduling_of(view: NodeView) -> NodeSchedulability:
+        if view.cordon == "draining":
+            return NodeSchedulability.DRAINED if view.drained else NodeSchedulability.DRAINING
+        return NodeSchedulability.CORDONED if view.cordon else NodeSchedulability.SCHEDULABLE
+
+    def _announce(self, view: NodeView, out: Output) -> None:
+        state = self.scheduling_of(view)
+        node_id = view.inventory.node_id
+        out.emit(NodeSchedulingChanged(node_id=node_id, scheduling=state,
+                                       generation=view.cordon_generation,
+                                       reason=view.cordon_reason), self.SOURCE,
+                 event_id=f"node-{state.value}-{node_id}-g{view.cordon_generation}")
+
     # --- the cycle ---------------------------------------------------------------------
 
     def _nodes(self) -> tuple[Node, ...]:
@@ -377,7 +479,8 @@ class SchedulerState:
                           for g in n.inventory.gpus],
                     labels=dict(n.inventory.labels),
                     rack=n.inventory.rack,
-                    schedulable=not n.lost,
+                    schedulable=not n.lost and not n.cordon,
+                    cordoned=bool(n.cordon),
                 )
                 for n in self.nodes.values()
             )
@@ -601,10 +704,19 @@ class SchedulerState:
                 binding_id=f"{job.job_id}-{job.attempt}-{node_id}",
                 action=BindingAction.ALLOCATE, node_id=node_id, epoch=self.epoch,
                 job_id=job.job_id, attempt=job.attempt, world_size=len(tasks),
-                master_addr=master_addr, duration_s=spec.duration, cluster=cluster,
+                master_addr=master_addr, duration_s=self._duration(job), cluster=cluster,
+                time_limit_s=spec.time_limit, interactive=spec.interactive,
                 tasks=[self._task_binding(p, by_name, node_id, local, len(placed))
                        for local, p in enumerate(placed)])
             out.emit(binding, self.SOURCE, event_id=f"bind-{binding.binding_id}-e{self.epoch}")
+
+    @staticmethod
+    def _duration(job: SchedJob) -> float | None:
+        """How long a simulated task runs: an interactive session is held (until it is
+        returned or reaches its time limit) unless the spec says otherwise."""
+        assert job.ready is not None
+        spec = job.ready.spec
+        return HELD_S if spec.interactive and spec.duration is None else spec.duration
 
     def _task_binding(self, p: Placed, by_name: Mapping[str, TaskSpec], node_id: str,
                       local_rank: int, local_world_size: int) -> TaskBinding:
@@ -642,7 +754,8 @@ class SchedulerState:
     def republish(self, out: Output) -> None:
         """After taking leadership: fence every node with the new epoch, so a late
         decision of the old leader is refused, then resend what agents may have missed."""
-        for node_id in self.nodes:
+        for node_id in list(self.nodes):
+            self._check_drained(node_id, out)  # a drain that ended while no one led
             out.emit(Binding(binding_id=f"fence-{node_id}-e{self.epoch}",
                              action=BindingAction.FENCE, node_id=node_id, epoch=self.epoch,
                              job_id="", reason="new leader"), self.SOURCE,
@@ -680,7 +793,9 @@ class SchedulerState:
             "placement": [p.to_json() for p in job.placed],
             "tasks": {"seq": job.seq, "cancel_requested": job.cancel_requested,
                       "bound_at": job.bound_at, "preempted_by": job.preempted_by,
-                      "targets": job.targets, "resizes": job.resizes},
+                      "targets": job.targets, "resizes": job.resizes,
+                      "cancel_reason": job.cancel_reason, "drain_requeue": job.drain_requeue,
+                      "requeues": job.requeues},
         }
 
     def evict_finished(self) -> None:
@@ -698,6 +813,7 @@ class SchedulerState:
                        meta.get("seq", 0), [Placed.from_json(p) for p in row["placement"]],
                        meta.get("cancel_requested", False), meta.get("bound_at"),
                        meta.get("preempted_by", ""), dict(meta.get("targets") or {}),
-                       meta.get("resizes", 0))
+                       meta.get("resizes", 0), meta.get("cancel_reason", ""),
+                       meta.get("drain_requeue", False), meta.get("requeues", 0))
         self.jobs[job.job_id] = job
         self._seq = max(self._seq, job.seq)

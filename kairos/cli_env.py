@@ -1,0 +1,83 @@
+"""``kairos env request|list|return``: interactive GPU environments."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from kairos.cli import TokenOpt, UrlOpt, _client, _request, app, console, err
+
+env_app = typer.Typer(help="Interactive GPU environments: request, list, return.",
+                      no_args_is_help=True)
+app.add_typer(env_app, name="env")
+
+
+def _where(e: dict[str, Any]) -> str:
+    c = e.get("connection")
+    if not c:
+        return "-"
+    where = c.get("service") or f"{c['host']}:{c['port']}"
+    return where + (" (simulated)" if c.get("simulated") else "")
+
+
+@env_app.command("request")
+def request(
+    gpu: Annotated[int | None, typer.Option(help="whole GPUs (default 1)")] = None,
+    gpu_memory: Annotated[int, typer.Option(help="MiB of one shared GPU")] = 0,
+    gpu_compute: Annotated[int, typer.Option(help="percent of one shared GPU")] = 0,
+    time_limit: Annotated[int, typer.Option(help="seconds it is held at most")] = 3600,
+    name: Annotated[str, typer.Option(help="a name for it")] = "env",
+    queue: Annotated[str, typer.Option(help="the queue it waits in")] = "default",
+    image: Annotated[str | None, typer.Option(help="container image")] = None,
+    command: Annotated[str | None, typer.Option(
+        help="what runs (split on spaces); it listens on $KAIROS_PORT")] = None,
+    wait: Annotated[float, typer.Option(
+        help="seconds to wait for it to run and print where to connect; 0 = do not")] = 0,
+    url: UrlOpt = None, token: TokenOpt = None,
+) -> None:
+    """Request an environment; it waits in its queue like any job."""
+    body: dict[str, Any] = {"name": name, "queue": queue, "timeLimit": time_limit,
+                            "gpuMemory": gpu_memory, "gpuCompute": gpu_compute}
+    if gpu is not None:
+        body["gpu"] = gpu
+    if image:
+        body["image"] = image
+    if command:
+        body["command"] = command.split()
+    with _client(url, token) as c:
+        env = _request(c, "POST", "/v1/environments", json=body)
+        console.print(f"requested [bold]{env['id']}[/] ({env['name']}) in queue {env['queue']}")
+        deadline = time.monotonic() + wait
+        while wait and env["state"] not in ("running", "succeeded", "failed", "cancelled"):
+            if time.monotonic() > deadline:
+                err.print(f"still {env['state']} ({env['reason']}) after {wait:g}s")
+                raise typer.Exit(4)
+            time.sleep(0.5)
+            env = _request(c, "GET", f"/v1/environments/{env['id']}")
+    if wait:
+        console.print(f"{env['state']}: connect to {_where(env)}")
+
+
+@env_app.command("list")
+def list_(url: UrlOpt = None, token: TokenOpt = None) -> None:
+    """Your tenant's environments (an admin's: every tenant's)."""
+    with _client(url, token) as c:
+        page = _request(c, "GET", "/v1/environments")
+    t = Table("id", "name", "user", "state", "reason", "gpus", "limit", "connect to")
+    for e in page["items"]:
+        r = e["resources"]
+        gpus = str(r.get("gpu") or f"{r.get('gpuMemory', 0)}MiB/{r.get('gpuCompute', 0)}%")
+        t.add_row(e["id"], e["name"], e["user"], e["state"], e["reason"], gpus,
+                  f"{e['time_limit_s']}s", _where(e))
+    console.print(t)
+
+
+@env_app.command("return")
+def return_(env_id: str, url: UrlOpt = None, token: TokenOpt = None) -> None:
+    """Hand the environment back: its session stops and its GPUs are freed."""
+    with _client(url, token) as c:
+        _request(c, "DELETE", f"/v1/environments/{env_id}")
+    console.print(f"returned [bold]{env_id}[/]")

@@ -92,6 +92,11 @@ def describe(job_id: str, url: UrlOpt = None, token: TokenOpt = None) -> None:
     console.print(f"[bold]{job['id']}[/] {job['name']}  queue={job['queue']} "
                   f"tenant={job['tenant']}  state=[bold]{job['state']}[/] ({job['reason']}) "
                   f"attempt={job['attempt']}")
+    if job.get("waiting"):  # still in its queue: why, and when it may start
+        w = job["waiting"]
+        eta = f", estimated start {w['estimated_start'][:19]}" if w.get("estimated_start") else ""
+        console.print(f"waiting in queue {w['queue']}: position {w['position']}, "
+                      f"{w['reason']} ({w['detail']}){eta}")
     if job.get("placement"):
         t = Table("task", "node", "gpus", title="placement")
         for p in job["placement"]:
@@ -317,7 +322,7 @@ def up(
         raise typer.Exit(1)
 
 
-from kairos import cli_env, cli_nodes  # noqa: E402,F401  (they register on app)
+from kairos import cli_env, cli_nodes, cli_queues  # noqa: E402,F401  (they register on app)
 
 if __name__ == "__main__":
     app()

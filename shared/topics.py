@@ -54,8 +54,9 @@ NODES_TELEMETRY = Topic(
     "Per-GPU telemetry at the agent's interval.",
 )
 QUEUES_EVENTS = Topic(
-    "queues.events", "queue", 4, 30 * DAY_MS, (ev.QueueChanged,),
-    "Queue configuration changes.",
+    "queues.events", "queue", 4, 30 * DAY_MS, (ev.QueueCommand, ev.QueueChanged, ev.QueueStatus),
+    "Admin commands on queues, the configuration queueing applied, and each queue's usage "
+    "and waiting jobs.",
 )
 DEAD_LETTER = Topic(
     "deadletter", "source topic", 4, 30 * DAY_MS, (ev.DeadLetter,),

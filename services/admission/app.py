@@ -26,6 +26,8 @@ from services.admission import store, tokens
 from services.admission.auth import Principal, authenticate, require_admin
 from services.admission.routes_environments import router as environments_router
 from services.admission.routes_nodes_ops import router as nodes_ops_router
+from services.admission.routes_queues import WaitingOut, check_submit, waiting_of
+from services.admission.routes_queues import router as queues_router
 from services.admission.settings import AdmissionSettings
 from shared.events import CommandAction, JobCommand, JobState
 from shared.http import ReadyCheck, add_ops_routes
@@ -77,6 +79,8 @@ class JobOut(BaseModel):
     placement: list[PlacementEntry] | None = None
     replicas: dict[str, int] | None = Field(
         default=None, description="replicas placed now, per task (elastic jobs resize)")
+    waiting: WaitingOut | None = Field(
+        default=None, description="while it waits in its queue: position, reason, estimate")
 
 
 class ResizeIn(BaseModel):
@@ -225,6 +229,7 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
         idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
     ) -> JobOut:
         spec = await _read_spec(request)
+        await check_submit(engine, spec.queue, caller)  # an open queue the caller may use
         row, created = await store.insert_job(engine, spec, caller.tenant, caller.user,
                                               idempotency_key)
         if not created:
@@ -277,7 +282,10 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
 
     @app.get("/v1/jobs/{job_id}", response_model=JobOut)
     async def get_job(job_id: str, caller: Caller) -> JobOut:
-        return _job_out(await _visible_job(job_id, caller), detail=True)
+        row = await _visible_job(job_id, caller)
+        out = _job_out(row, detail=True)
+        out.waiting = await waiting_of(engine, job_id, row["state"])  # why it still waits
+        return out
 
     @app.delete("/v1/jobs/{job_id}", status_code=202, response_model=JobOut)
     async def cancel_job(job_id: str, caller: Caller) -> JobOut:
@@ -375,4 +383,5 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
 
     app.include_router(nodes_ops_router)
     app.include_router(environments_router)
+    app.include_router(queues_router)
     return app

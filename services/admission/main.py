@@ -13,7 +13,7 @@ from shared.events import Envelope, Event
 from shared.http import HttpServer
 from shared.outbox import OutboxRelay
 from shared.service import ServiceRuntime
-from shared.topics import BINDINGS, JOBS_STATUS, NODES_LIFECYCLE
+from shared.topics import BINDINGS, JOBS_STATUS, NODES_LIFECYCLE, QUEUES_EVENTS
 
 
 async def main(settings: AdmissionSettings | None = None) -> None:
@@ -33,7 +33,8 @@ async def main(settings: AdmissionSettings | None = None) -> None:
 
     rt.add_consumer(Consumer(
         settings,
-        ConsumerOptions("admission", [JOBS_STATUS.name, BINDINGS.name, NODES_LIFECYCLE.name],
+        ConsumerOptions("admission", [JOBS_STATUS.name, BINDINGS.name, NODES_LIFECYCLE.name,
+                                     QUEUES_EVENTS.name],
                         fetch_max_wait_ms=50),
         handle, rt.producer, batch_handler=handle_batch))
     relay = OutboxRelay(engine, rt.producer, settings.database_url,

@@ -11,6 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.admission import ops_views, usage
+from services.admission.queues_view import apply_queue_event
 from shared.events import (
     Binding,
     BindingAction,
@@ -25,6 +26,8 @@ from shared.events import (
     NodeLost,
     NodeRegistered,
     NodeSchedulingChanged,
+    QueueChanged,
+    QueueStatus,
     utcnow,
 )
 from shared.jobspec import JobSpec
@@ -183,6 +186,8 @@ async def apply_events(engine: AsyncEngine, items: list[tuple[Envelope, Event]])
                 await apply_binding(conn, event, env.occurred_at)
             elif isinstance(event, NodeRegistered | NodeHeartbeat | NodeLost):
                 await apply_node_event(conn, event, env.occurred_at)
+            elif isinstance(event, QueueChanged | QueueStatus):
+                await apply_queue_event(conn, event)
 
 
 async def apply_status(conn: AsyncConnection, event_id: str, st: JobStatus,

@@ -111,6 +111,7 @@ class SchedJob:
     cancel_reason: str = ""  # the job's final reason when a cancel ends it ("returned")
     drain_requeue: bool = False  # stopping for a node drain: requeue without spending a retry
     requeues: int = 0  # attempts that a drain started again (not counted against maxRetry)
+    reclaimed: str = ""  # queueing took its quota back: when stopped it returns to its queue
 
     def live(self) -> Iterator[Placed]:
         return (p for p in self.placed if p.state not in TERMINAL)
@@ -222,6 +223,8 @@ class SchedulerState:
                 self._on_cancel(event, out)
             elif event.action is CommandAction.RESIZE:
                 self._on_resize(event, out)
+            elif event.action is CommandAction.PREEMPT:
+                self._on_reclaim(event, out)
         elif isinstance(event, NodeCommand):
             self._on_node_command(event, out)
         elif isinstance(event, NodeRegistered):
@@ -268,9 +271,28 @@ class SchedulerState:
         if job is not None and ev.attempt <= job.attempt:
             return  # a replay
         self.jobs[ev.job_id] = SchedJob(ev.job_id, ev, JobState.ADMITTED, ev.attempt,
-                                        self._next_seq())
+                                        self._next_seq(),
+                                        # a reclaimed attempt may still be stopping
+                                        list(job.live()) if job is not None else [])
         out.dirty_jobs.add(ev.job_id)
         self.needs_cycle = True
+
+    def _on_reclaim(self, cmd: JobCommand, out: Output) -> None:
+        """Queueing takes back the quota the job holds: stop it (checkpoint grace) and,
+        once stopped, hand it back to its queue (``preempted``), which admits it again
+        later with a new attempt. It is not retried here."""
+        job = self.jobs.get(cmd.job_id)
+        if job is None or job.ready is None or job.state in TERMINAL or \
+                job.cancel_requested or job.reclaimed:
+            return
+        job.reclaimed = cmd.reason or "quota reclaimed"
+        out.dirty_jobs.add(job.job_id)
+        if job.state is JobState.ADMITTED:  # not placed yet: nothing to stop
+            job.state = JobState.PREEMPTED
+            self._status(out, job, JobState.PREEMPTED, job.reclaimed)
+            self.needs_cycle = True
+        elif not job.preempted_by:
+            self._stop_tasks(job, out, job.reclaimed, grace_s=DEFAULT_GRACE_S)
 
     def _on_cancel(self, cmd: JobCommand, out: Output) -> None:
         job = self.jobs.get(cmd.job_id)
@@ -285,7 +307,8 @@ class SchedulerState:
         job.cancel_requested = True
         job.cancel_reason = cmd.reason if cmd.reason == RETURNED else ""
         out.dirty_jobs.add(job.job_id)
-        if job.state is JobState.ADMITTED:
+        # reclaimed: back with its queue (which cancels it there too, if it holds it)
+        if job.state is JobState.ADMITTED or (job.state is JobState.PREEMPTED and job.reclaimed):
             job.state = JobState.CANCELLED
             self._status(out, job, JobState.CANCELLED, cmd.reason or "cancelled")
         else:
@@ -362,6 +385,15 @@ class SchedulerState:
 
     def _retry_or_fail(self, job: SchedJob, out: Output, why: str, exit_code: int | None) -> None:
         assert job.ready is not None
+        if job.reclaimed:  # back to its queue, which admits it again when quota allows
+            if job.preempted_by:
+                job.preempted_by = ""
+            else:
+                self._stop_tasks(job, out, job.reclaimed)
+            job.state = JobState.PREEMPTED
+            self._status(out, job, JobState.PREEMPTED, job.reclaimed)
+            self.needs_cycle = True
+            return
         if job.preempted_by:  # its tasks were already asked to stop
             self._status(out, job, JobState.PREEMPTED, f"preempted for {job.preempted_by}")
             job.preempted_by = ""
@@ -795,14 +827,16 @@ class SchedulerState:
                       "bound_at": job.bound_at, "preempted_by": job.preempted_by,
                       "targets": job.targets, "resizes": job.resizes,
                       "cancel_reason": job.cancel_reason, "drain_requeue": job.drain_requeue,
-                      "requeues": job.requeues},
+                      "requeues": job.requeues, "reclaimed": job.reclaimed},
         }
 
     def evict_finished(self) -> None:
         """Drop ended jobs that hold nothing any more (call after persisting them)."""
         for job_id in [j.job_id for j in self.jobs.values()
                        if j.state in TERMINAL and j.ready is not None
-                       and not any(True for _ in j.live())]:
+                       and not any(True for _ in j.live())
+                       # reclaimed: kept until its queue sends it again (replays refused)
+                       and (j.state is not JobState.PREEMPTED or j.cancel_requested)]:
             del self.jobs[job_id]
             self.finished.add(job_id)
 
@@ -815,5 +849,6 @@ class SchedulerState:
                        meta.get("preempted_by", ""), dict(meta.get("targets") or {}),
                        meta.get("resizes", 0), meta.get("cancel_reason", ""),
                        meta.get("drain_requeue", False), meta.get("requeues", 0))
+        job.reclaimed = meta.get("reclaimed", "")
         self.jobs[job.job_id] = job
         self._seq = max(self._seq, job.seq)

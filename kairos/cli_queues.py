@@ -1,0 +1,136 @@
+"""`kairos queues` (a table, like squeue -s / vcctl queue list) and `kairos queue
+create|update|close|drain|open` (admin)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.table import Table
+
+from kairos.cli import TokenOpt, UrlOpt, _client, _request, app, console, err
+
+queue_app = typer.Typer(help="Queues and their quota (admin): create, update, close, drain, "
+                        "open.", no_args_is_help=True)
+app.add_typer(queue_app, name="queue")
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:g}"
+
+
+def _gpus(amount: dict[str, Any] | None) -> str:
+    return _num((amount or {}).get("gpus"))
+
+
+@app.command()
+def queues(url: UrlOpt = None, token: TokenOpt = None) -> None:
+    """Queues with their GPU quota, usage, borrowing and job counts."""
+    with _client(url, token) as c:
+        rows = _request(c, "GET", "/v1/queues")
+    t = Table("queue", "kind", "parent", "tenant", "state", "gpus used/guaranteed", "borrowed",
+              "borrow limit", "weight", "pending", "admitted", "running")
+    for q in rows:
+        t.add_row(q["name"], q["kind"], q["parent"] or "-", q["tenant"] or "(shared)",
+                  q["state"], f"{q['used']['gpus']:g}/{_gpus(q['guaranteed'])}",
+                  f"{q['borrowed']['gpus']:g}", _gpus(q["borrowing_limit"]),
+                  f"{q['weight']:g}", str(q["pending"]), str(q["admitted"]), str(q["running"]))
+    console.print(t)
+
+
+def _amount(gpus: float | None, cpu: int | None, memory: int | None) -> dict[str, Any] | None:
+    out = {k: v for k, v in (("gpus", gpus), ("cpu_milli", cpu), ("memory_mib", memory))
+           if v is not None}
+    return out or None
+
+
+def _body(file: Path | None, fields: dict[str, Any]) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    if file is not None:
+        data = yaml.safe_load(file.read_text())
+        if not isinstance(data, dict):
+            err.print(f"[red]{file}[/]: must be a mapping of queue fields")
+            raise typer.Exit(2)
+        body.update(data)
+    body.update({k: v for k, v in fields.items() if v is not None})
+    return body
+
+
+def _show(result: dict[str, Any], verb: str) -> None:
+    if "request_id" in result:  # 202: queueing has not answered yet
+        console.print(f"{verb} requested ({result['request_id']}): {result['detail']}")
+    else:
+        console.print(f"queue [bold]{result['name']}[/] {verb}: state {result['state']}, "
+                      f"guaranteed {_gpus(result['guaranteed'])} GPUs, "
+                      f"version {result['version']}")
+
+
+GpusOpt = Annotated[float | None, typer.Option("--gpus", help="guaranteed GPUs")]
+CpuOpt = Annotated[int | None, typer.Option("--cpu", help="guaranteed CPU millicores")]
+MemOpt = Annotated[int | None, typer.Option("--memory", help="guaranteed memory MiB")]
+BorrowOpt = Annotated[float | None, typer.Option("--borrow-gpus",
+                                                 help="borrowing limit, GPUs above guaranteed")]
+LendOpt = Annotated[float | None, typer.Option("--lend-gpus", help="lending limit, GPUs")]
+ParentOpt = Annotated[str | None, typer.Option("--parent", help="its cohort or parent queue")]
+WeightOpt = Annotated[float | None, typer.Option("--weight", help="fair-share weight")]
+FileOpt = Annotated[Path | None, typer.Option("--file", "-f", exists=True, dir_okay=False,
+                                              help="a YAML mapping of queue fields")]
+
+
+@queue_app.command("create")
+def queue_create(
+    name: str,
+    tenant: Annotated[str | None, typer.Option(help="its tenant; default: its parent's, or "
+                                               "shared")] = None,
+    kind: Annotated[str, typer.Option(help="queue or cohort")] = "queue",
+    parent: ParentOpt = None, gpus: GpusOpt = None, cpu: CpuOpt = None, memory: MemOpt = None,
+    borrow_gpus: BorrowOpt = None, lend_gpus: LendOpt = None, weight: WeightOpt = None,
+    strict: Annotated[bool, typer.Option(help="a waiting job holds back those after it")] = False,
+    file: FileOpt = None, url: UrlOpt = None, token: TokenOpt = None,
+) -> None:
+    """Create a queue or cohort (admin)."""
+    body = _body(file, {"name": name, "tenant": tenant, "kind": kind, "parent": parent,
+                        "guaranteed": _amount(gpus, cpu, memory),
+                        "borrowing_limit": _amount(borrow_gpus, None, None),
+                        "lending_limit": _amount(lend_gpus, None, None), "weight": weight,
+                        "strategy": "strict" if strict else None})
+    with _client(url, token) as c:
+        _show(_request(c, "POST", "/v1/queues", json=body), "created")
+
+
+@queue_app.command("update")
+def queue_update(
+    name: str, parent: ParentOpt = None, gpus: GpusOpt = None, cpu: CpuOpt = None,
+    memory: MemOpt = None, borrow_gpus: BorrowOpt = None, lend_gpus: LendOpt = None,
+    weight: WeightOpt = None, file: FileOpt = None, url: UrlOpt = None, token: TokenOpt = None,
+) -> None:
+    """Change a queue's quota, limits, weight or parent (admin); other fields stay."""
+    with _client(url, token) as c:
+        current = _request(c, "GET", f"/v1/queues/{name}")
+        guaranteed = None
+        if any(v is not None for v in (gpus, cpu, memory)):
+            guaranteed = {**(current["guaranteed"] or {}), **(_amount(gpus, cpu, memory) or {})}
+        body = _body(file, {"parent": parent, "guaranteed": guaranteed,
+                            "borrowing_limit": _amount(borrow_gpus, None, None),
+                            "lending_limit": _amount(lend_gpus, None, None), "weight": weight})
+        if not body:
+            err.print("[red]nothing to change[/]: pass --gpus, --borrow-gpus, ... or --file")
+            raise typer.Exit(2)
+        _show(_request(c, "PATCH", f"/v1/queues/{name}", json=body), "updated")
+
+
+def _state_command(action: str, help_text: str) -> None:
+    def command(name: str, url: UrlOpt = None, token: TokenOpt = None) -> None:
+        with _client(url, token) as c:
+            _show(_request(c, "POST", f"/v1/queues/{name}/{action}"), f"{action} done")
+
+    command.__doc__ = help_text
+    queue_app.command(action)(command)
+
+
+_state_command("close", "Close a queue (admin): no new jobs, and none of those it holds "
+               "starts; running jobs go on.")
+_state_command("drain", "Drain a queue (admin): no new jobs; those it holds still run.")
+_state_command("open", "Open a closed or draining queue again (admin).")

@@ -1,0 +1,87 @@
+"""Admission's read model of the queues, fed by ``queues.events``: each queue's settings
+(``queue.changed``), its usage and waiting jobs (``queue.status``), and the answer to
+every admin command. Queueing owns the queues; this is what the gateway shows and what
+it checks a submit against."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from shared.events import QueueChanged, QueueStatus
+
+
+async def apply_queue_event(conn: AsyncConnection, ev: QueueChanged | QueueStatus) -> None:
+    if isinstance(ev, QueueStatus):
+        await conn.execute(text(
+            "UPDATE queues_view SET status = CAST(:s AS jsonb) WHERE name = :n"),
+            {"n": ev.queue, "s": ev.model_dump_json(exclude={"waiting"})})
+        await conn.execute(text("DELETE FROM queue_waiting_view WHERE queue = :q"),
+                           {"q": ev.queue})
+        if ev.waiting:
+            await conn.execute(text(
+                """INSERT INTO queue_waiting_view (job_id, queue, position, reason, detail,
+                       estimated_start)
+                   VALUES (:j, :q, :p, :r, :d, :e)
+                   ON CONFLICT (job_id) DO UPDATE SET queue = EXCLUDED.queue,
+                       position = EXCLUDED.position, reason = EXCLUDED.reason,
+                       detail = EXCLUDED.detail, estimated_start = EXCLUDED.estimated_start,
+                       updated_at = now()"""),
+                [{"j": w.job_id, "q": ev.queue, "p": w.position, "r": w.reason, "d": w.detail,
+                  "e": w.estimated_start} for w in ev.waiting])
+        return
+    if ev.request_id:
+        await conn.execute(text(
+            """INSERT INTO queue_requests_view (request_id, queue, outcome, error)
+               VALUES (:r, :q, :o, :e) ON CONFLICT (request_id) DO NOTHING"""),
+            {"r": ev.request_id, "q": ev.queue,
+             "o": "rejected" if ev.change == "rejected" else "applied",
+             "e": json.dumps({"status": ev.settings.get("status", 409), "error": ev.error})
+             if ev.change == "rejected" else ""})
+    if ev.change == "rejected":
+        return
+    s = ev.settings
+    await conn.execute(text(
+        """INSERT INTO queues_view (name, parent, tenant, state, settings, version)
+           VALUES (:n, :p, :t, :st, CAST(:s AS jsonb), :v)
+           ON CONFLICT (name) DO UPDATE SET parent = EXCLUDED.parent, tenant = EXCLUDED.tenant,
+               state = EXCLUDED.state, settings = EXCLUDED.settings, version = EXCLUDED.version,
+               updated_at = now()
+           WHERE queues_view.version <= EXCLUDED.version"""),
+        {"n": ev.queue, "p": s.get("parent"), "t": s.get("effective_tenant", ""),
+         "st": s.get("state", "open"), "s": json.dumps(s), "v": ev.version})
+
+
+async def get_queue(engine: AsyncEngine, name: str) -> dict[str, Any] | None:
+    async with engine.connect() as conn:
+        row = (await conn.execute(text("SELECT * FROM queues_view WHERE name = :n"),
+                                  {"n": name})).mappings().first()
+    return dict(row) if row else None
+
+
+async def list_queues(engine: AsyncEngine, tenant: str | None) -> list[dict[str, Any]]:
+    """Every queue (``tenant`` None), or those of one tenant and the shared ones."""
+    where = "" if tenant is None else "WHERE tenant = :t OR tenant = ''"
+    async with engine.connect() as conn:
+        rows = await conn.execute(text(f"SELECT * FROM queues_view {where} ORDER BY name"),
+                                  {"t": tenant})
+        return [dict(r) for r in rows.mappings()]
+
+
+async def request_outcome(engine: AsyncEngine, request_id: str) -> dict[str, Any] | None:
+    async with engine.connect() as conn:
+        row = (await conn.execute(text(
+            "SELECT outcome, error FROM queue_requests_view WHERE request_id = :r"),
+            {"r": request_id})).mappings().first()
+    return dict(row) if row else None
+
+
+async def waiting(engine: AsyncEngine, job_id: str) -> dict[str, Any] | None:
+    async with engine.connect() as conn:
+        row = (await conn.execute(text(
+            """SELECT queue, position, reason, detail, estimated_start, updated_at
+               FROM queue_waiting_view WHERE job_id = :j"""), {"j": job_id})).mappings().first()
+    return dict(row) if row else None

@@ -1,0 +1,79 @@
+"""Queue order from the scheduling core's ordering plugins (priority with aging, fair
+share, FIFO), so queueing and the scheduler rank jobs with the same code.
+
+Fair share runs between *queues*: each job's ``tenant`` for the core is its queue, with
+the queue's weight. The core measures shares against cluster capacity, which queueing
+does not see; it is given the tree's guaranteed GPUs (or, with no quota at all, the
+pending demand) as one capacity-only node. Ties keep arrival order (the ``seq`` the
+jobs were stored with), so a restart never reorders a queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from scheduling import GpuSlot, JobRequest, Node, Quota, Resources, Scheduler, Snapshot, TaskRequest
+from services.queueing.config import OrderingSpec
+from services.queueing.quota import Vec
+from shared.events import JobSubmitted
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A job queueing holds, as the ordering needs it."""
+
+    seq: int
+    event: JobSubmitted
+    attempt: int
+    request: JobRequest
+    demand: Vec
+
+
+def job_request(sub: JobSubmitted, attempt: int) -> JobRequest:
+    spec = sub.spec
+    return JobRequest(
+        job_id=sub.job_id,
+        tasks=tuple(TaskRequest(t.name, t.effective_role, t.replicas, gpu=t.resources.gpu,
+                                gpu_memory_mib=t.resources.gpu_memory,
+                                gpu_compute_pct=t.resources.gpu_compute,
+                                cpu_milli=t.resources.cpu, memory_mib=t.resources.memory,
+                                min_replicas=t.min_replicas, max_replicas=t.max_replicas)
+                    for t in spec.tasks),
+        queue=sub.queue, tenant=sub.queue, user=sub.user, priority=spec.priority,
+        priority_class=spec.priority_class.value, submit_time=sub.submitted_at.timestamp(),
+        min_available=spec.min_available, runtime_estimate_s=spec.runtime_estimate,
+        preemptible=spec.preemptible, attempt=attempt)
+
+
+def demand(req: JobRequest) -> Vec:
+    """What a job reserves of its queue's quota: its replicas as submitted (GPU shares
+    count their compute fraction)."""
+    return (float(req.total_gpus), float(sum(t.replicas * t.cpu_milli for t in req.tasks)),
+            float(sum(t.replicas * t.memory_mib for t in req.tasks)))
+
+
+class Ordering:
+    def __init__(self, spec: OrderingSpec) -> None:
+        self.spec = spec
+        self.core = Scheduler(spec.scheduler_config())
+        self._capacity: tuple[int, tuple[Node, ...]] = (-1, ())
+
+    def _nodes(self, gpus: int) -> tuple[Node, ...]:
+        if self._capacity[0] != gpus:  # the same tuple while unchanged (the core caches it)
+            self._capacity = (gpus, (Node("quota", 0, 0, [GpuSlot(i) for i in range(gpus)]),)
+                              if gpus > 0 else ())
+        return self._capacity[1]
+
+    def order(self, jobs: Sequence[Held], now: float, weights: dict[str, float],
+              capacity_gpus: float) -> list[Held]:
+        if len(jobs) < 2:
+            return list(jobs)
+        by_id = {h.request.job_id: h for h in jobs}
+        gpus = int(capacity_gpus) if capacity_gpus > 0 else int(sum(h.demand[0] for h in jobs)) + 1
+        quotas = tuple(Quota(q, Resources(), weight=w) for q, w in weights.items())
+        ordered = self.core.order(Snapshot(now=now, nodes=self._nodes(min(gpus, 100_000)),
+                                           allocations=(),
+                                           pending=tuple(h.request for h in jobs),
+                                           quotas=quotas))
+        return [by_id[r.job_id] for r in ordered]

@@ -1,0 +1,131 @@
+"""Queueing's tables: the queue tree (``queues``), answered admin commands
+(``queue_requests``) and the jobs it holds (``queue_jobs``).
+
+A held job is ``queued`` (waiting), ``admitted`` (holds its queue's quota from its release
+until it ends), ``reclaiming`` (asked to stop so a queue gets its guarantee back; still
+holds quota until it has), then ``done`` or ``cancelled``. ``phase`` follows jobs.status
+(admitted / bound / running) for the counts a queue shows.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from shared.queuespec import QueueSpec
+
+ACTIVE = ("queued", "admitted", "reclaiming")
+
+
+@dataclass
+class JobRow:
+    job_id: str
+    seq: int
+    queue: str
+    state: str
+    attempt: int
+    phase: str
+    borrowing: bool
+    reason: str
+    notices: int
+    event: dict[str, Any]
+    admitted_at: datetime | None
+    started_at: datetime | None
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    spec: QueueSpec
+    version: int
+    source: str
+    file_hash: str | None
+
+
+def tree_lock_key(top: str) -> int:
+    """The advisory lock one replica holds while it decides for a tree."""
+    return 0x4B51_0000_0000 + zlib.crc32(top.encode())
+
+
+CONFIG_LOCK = 0x4B51_434F_4E46  # "KQCONF": one replica syncs the file at a time
+
+
+async def load_queues(conn: AsyncConnection) -> dict[str, QueueRow]:
+    rows = (await conn.execute(text(
+        "SELECT name, config, version, source, file_hash FROM queues ORDER BY name"))).all()
+    return {r.name: QueueRow(QueueSpec.model_validate(_json(r.config)), r.version, r.source,
+                             r.file_hash) for r in rows}
+
+
+async def queue_versions(conn: AsyncConnection) -> dict[str, int]:
+    return {r.name: r.version for r in (await conn.execute(
+        text("SELECT name, version FROM queues"))).all()}
+
+
+async def upsert_queue(conn: AsyncConnection, spec: QueueSpec, source: str,
+                       file_hash: str | None) -> int:
+    """Write a queue's config; returns its new version."""
+    version = await conn.scalar(text(
+        """INSERT INTO queues (name, config, version, source, file_hash)
+           VALUES (:n, CAST(:c AS jsonb), 1, :s, :h)
+           ON CONFLICT (name) DO UPDATE SET config = EXCLUDED.config,
+               version = queues.version + 1, source = EXCLUDED.source,
+               file_hash = COALESCE(EXCLUDED.file_hash, queues.file_hash), updated_at = now()
+           RETURNING version"""),
+        {"n": spec.name, "c": json.dumps(spec.public()), "s": source, "h": file_hash})
+    return int(version or 1)
+
+
+async def request_seen(conn: AsyncConnection, request_id: str) -> bool:
+    return await conn.scalar(text("SELECT 1 FROM queue_requests WHERE request_id = :r"),
+                             {"r": request_id}) is not None
+
+
+async def record_request(conn: AsyncConnection, request_id: str, queue: str, outcome: str,
+                         error: str = "") -> None:
+    await conn.execute(text(
+        """INSERT INTO queue_requests (request_id, queue, outcome, error)
+           VALUES (:r, :q, :o, :e) ON CONFLICT (request_id) DO NOTHING"""),
+        {"r": request_id, "q": queue, "o": outcome, "e": error})
+
+
+async def insert_jobs(conn: AsyncConnection, rows: list[dict[str, Any]]) -> None:
+    await conn.execute(text(
+        """INSERT INTO queue_jobs (job_id, queue, tenant, state, event)
+           VALUES (:j, :q, :t, :s, CAST(:e AS jsonb)) ON CONFLICT (job_id) DO NOTHING"""), rows)
+
+
+async def active_jobs(conn: AsyncConnection, queues: list[str]) -> list[JobRow]:
+    rows = (await conn.execute(text(
+        """SELECT job_id, seq, queue, state, attempt, phase, borrowing, reason, notices, event,
+                  admitted_at, started_at
+           FROM queue_jobs WHERE state IN ('queued', 'admitted', 'reclaiming')
+               AND queue = ANY(:q) ORDER BY seq FOR UPDATE"""), {"q": queues})).all()
+    return [JobRow(r.job_id, r.seq, r.queue, r.state, r.attempt, r.phase, r.borrowing, r.reason,
+                   r.notices, _json(r.event), r.admitted_at, r.started_at) for r in rows]
+
+
+async def lock_job(conn: AsyncConnection, job_id: str) -> JobRow | None:
+    r = (await conn.execute(text(
+        """SELECT job_id, seq, queue, state, attempt, phase, borrowing, reason, notices,
+                  '{}'::jsonb AS event, admitted_at, started_at
+           FROM queue_jobs WHERE job_id = :j FOR UPDATE"""), {"j": job_id})).first()
+    if r is None:
+        return None
+    return JobRow(r.job_id, r.seq, r.queue, r.state, r.attempt, r.phase, r.borrowing, r.reason,
+                  r.notices, {}, r.admitted_at, r.started_at)
+
+
+async def update_job(conn: AsyncConnection, job_id: str, **values: Any) -> None:
+    sets = ", ".join(f"{k} = :{k}" for k in values)
+    await conn.execute(text(f"UPDATE queue_jobs SET {sets} WHERE job_id = :job_id"),
+                       {**values, "job_id": job_id})
+
+
+def _json(v: Any) -> dict[str, Any]:
+    return v if isinstance(v, dict) else json.loads(v)

@@ -6,7 +6,7 @@ import time
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
+from rich.table import Column, Table
 
 from kairos.cli import TokenOpt, UrlOpt, _client, _request, app, console, err
 
@@ -66,12 +66,12 @@ def list_(url: UrlOpt = None, token: TokenOpt = None) -> None:
     """Your tenant's environments (an admin's: every tenant's)."""
     with _client(url, token) as c:
         page = _request(c, "GET", "/v1/environments")
-    t = Table("id", "name", "user", "state", "reason", "gpus", "limit", "connect to")
+    t = Table(Column("id", no_wrap=True, min_width=18), "name", "state", "gpus", "limit",
+              Column("connect to", no_wrap=True, min_width=15))  # ids and ports stay whole
     for e in page["items"]:
         r = e["resources"]
         gpus = str(r.get("gpu") or f"{r.get('gpuMemory', 0)}MiB/{r.get('gpuCompute', 0)}%")
-        t.add_row(e["id"], e["name"], e["user"], e["state"], e["reason"], gpus,
-                  f"{e['time_limit_s']}s", _where(e))
+        t.add_row(e["id"], e["name"], e["state"], gpus, f"{e['time_limit_s']}s", _where(e))
     console.print(t)
 
 

@@ -18,7 +18,7 @@ from services.scheduler.leader import LeaderLease
 from services.scheduler.state import NodeView, Output, SchedulerState
 from shared.bus import Consumer, ConsumerOptions
 from shared.config import CommonSettings
-from shared.events import Envelope, Event, NodeInventory
+from shared.events import Envelope, Event, NodeInventory, NodeSchedulability
 from shared.http import HttpServer, ops_app
 from shared.logging import get_logger
 from shared.service import ServiceRuntime
@@ -38,6 +38,8 @@ for _r in PreemptReason:  # every reason is a series from the start (0 until it 
     PREEMPTIONS.labels(_r.value)
 IS_LEADER = Gauge("kairos_scheduler_is_leader", "1 while this process leads")
 EPOCH = Gauge("kairos_scheduler_epoch", "The fencing epoch of this leader")
+NODES = Gauge("kairos_scheduler_nodes", "Nodes by scheduling state (cordon / drain)",
+              ["scheduling"])
 
 
 def placed_tasks(events: list[tuple[Envelope, str]]) -> int:
@@ -118,6 +120,10 @@ class SchedulerService:
             for reason in {*PendingReason, *reasons}:  # 0 for reasons no job has now
                 PENDING.labels(str(reason)).set(reasons.count(reason))
         out, self.out = self.out, Output()
+        if out.dirty_nodes or cycled:
+            states = [self.state.scheduling_of(v) for v in self.state.nodes.values()]
+            for s in NodeSchedulability:
+                NODES.labels(s.value).set(states.count(s))
         t1 = time.perf_counter()
         await self.persist(out)
         CYCLE_SECONDS.labels("persist").observe(time.perf_counter() - t1)

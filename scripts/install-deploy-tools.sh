@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what tests/deploy needs, idempotently, on a fresh Debian/Ubuntu machine:
-#   - promtool, from the Debian package "prometheus" (only when promtool is missing);
+#   - promtool and the Prometheus server, from the Debian package "prometheus" (only when
+#     either is missing; tests/deploy/test_monitoring_live.py starts its own server);
 #   - the Python tools in tests/deploy/requirements.txt, into the active virtualenv
 #     ($VIRTUAL_ENV), else the repository's .venv, else the python3 on PATH.
 # Needs root (or sudo) for apt-get. Safe to run again: it skips what is already there.
@@ -18,13 +19,13 @@ as_root() {
   fi
 }
 
-# --- promtool --------------------------------------------------------------------------
-if command -v promtool >/dev/null 2>&1; then
+# --- promtool and prometheus ------------------------------------------------------------
+if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; then
   log "promtool present: $(promtool --version 2>&1 | head -n1)"
 else
-  log "installing promtool (Debian package prometheus)"
-  # Keep the package's Prometheus server from being started: we only want promtool, and a
-  # server on :9090 would get in the way of tests that start their own. policy-rc.d is
+  log "installing promtool and prometheus (Debian package prometheus)"
+  # Keep the package's Prometheus service from being started: the tests start their own
+  # server on a free port, and one on :9090 would only get in the way. policy-rc.d is
   # Debian's switch for that; ours is removed again afterwards.
   added_policy=0
   if [ ! -e /usr/sbin/policy-rc.d ]; then
@@ -40,6 +41,7 @@ else
     as_root systemctl disable --now prometheus >/dev/null 2>&1 || true
   fi
   command -v promtool >/dev/null 2>&1 || { log "promtool still missing after apt-get install prometheus"; exit 1; }
+  command -v prometheus >/dev/null 2>&1 || { log "prometheus still missing after apt-get install prometheus"; exit 1; }
   log "promtool installed: $(promtool --version 2>&1 | head -n1)"
 fi
 

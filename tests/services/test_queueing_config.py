@@ -9,7 +9,7 @@ import pytest
 from services.queueing.config import QueueConfigError, load_queues_file, parse_queues
 from services.queueing.quota import QueueTree, QuotaState, WaitReason
 
-EXAMPLE = Path(__file__).parents[2] / "examples" / "queues.yaml"
+EXAMPLE = Path(__file__).parents[2] / "examples" / "config" / "queues.yaml"
 
 
 def errors(data: object) -> list[tuple[str, str]]:

@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission import store
 from services.admission.auth import Principal, authenticate
+from services.admission.routes_queues import check_submit as check_queue
 from shared.events import RETURNED, CommandAction, Connection, JobCommand, JobState
 from shared.jobspec import JobSpec, PriorityClass, parse_job_spec
 from shared.outbox import add_to_outbox
@@ -160,6 +161,7 @@ async def request_environment(
     except ValidationError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
                             detail=_validation_detail(exc)) from exc
+    await check_queue(engine, spec.queue, caller)  # an open queue the caller may use
     row, created = await store.insert_job(engine, spec, caller.tenant, caller.user,
                                           idempotency_key)
     if not created:

@@ -314,4 +314,6 @@ async def test_refusals_say_why_and_leak_nothing(gw: Gateway) -> None:
     r = await gw.http.post("/v1/environments", headers=gw.alice,
                            json={"gpu": 2, "gpuMemory": 1024})
     assert r.status_code == 422 and "not both" in r.json()["detail"][0]["message"]
+    r = await gw.http.post("/v1/environments", headers=gw.alice, json={"queue": "nope"})
+    assert r.status_code == 422 and "no queue 'nope'" in r.text  # the same queue checks
     assert await commands(gw.engine) == []

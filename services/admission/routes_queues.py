@@ -39,6 +39,7 @@ from shared.queuespec import (
 Caller = Annotated[Principal, Depends(authenticate)]
 Admin = Annotated[Principal, Depends(require_admin)]
 APPLY_TIMEOUT_S = 10.0
+PAST = {QueueAction.CLOSE: "closed", QueueAction.DRAIN: "drained", QueueAction.OPEN: "opened"}
 router = APIRouter(tags=["queues"])
 
 
@@ -242,7 +243,7 @@ async def _set_state(request: Request, response: Response, name: str, action: Qu
     kind = _specs([row])[name].kind
     if kind == "cohort":
         raise HTTPException(status.HTTP_409_CONFLICT, detail=(
-            f"{name} is a cohort: it holds no jobs, so it cannot be {action.value}d"))
+            f"{name} is a cohort: it holds no jobs, so it cannot be {PAST[action]}"))
     target = {QueueAction.CLOSE: "closed", QueueAction.DRAIN: "draining",
               QueueAction.OPEN: "open"}[action]
     if row["state"] == target:

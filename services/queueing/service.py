@@ -207,7 +207,8 @@ class Queueing:
         assert current is not None
         if current.kind == "cohort":
             raise Refused(409, f"{name} is a cohort: it holds no jobs, so it cannot be "
-                          f"{cmd.action.value}d")
+                          + {QueueAction.CLOSE: "closed", QueueAction.DRAIN: "drained",
+                             QueueAction.OPEN: "opened"}[cmd.action])
         state = {QueueAction.CLOSE: QueueState.CLOSED, QueueAction.DRAIN: QueueState.DRAINING,
                  QueueAction.OPEN: QueueState.OPEN}[cmd.action]
         if current.state is state:

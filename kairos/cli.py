@@ -322,7 +322,7 @@ def up(
         raise typer.Exit(1)
 
 
-from kairos import cli_env, cli_nodes, cli_queues  # noqa: E402,F401  (they register on app)
+from kairos import cli_env, cli_logs, cli_nodes, cli_queues  # noqa: E402,F401  (they register on app)
 
 if __name__ == "__main__":
     app()

@@ -211,6 +211,9 @@ class BindingAction(StrEnum):
     STOP = "stop"
     RESIZE = "resize"
     FENCE = "fence"  # no tasks: a new leader announces its epoch to every node
+    # a node that (re)registers or comes back after it was declared lost: ``owned`` lists
+    # every task the scheduler holds there; the agent stops the others it still runs
+    RECONCILE = "reconcile"
 
 
 class Binding(Event):
@@ -234,6 +237,9 @@ class Binding(Event):
     stop_task_ids: list[str] = Field(
         default_factory=list, description="resize: tasks of the job to stop on this node "
         "(checkpoint signal, grace period, kill); the others keep running")
+    owned: list[str] = Field(
+        default_factory=list, description="reconcile: keys (job/task/attempt) of every task "
+        "the scheduler holds on this node; the agent stops any other task it runs")
     time_limit_s: float | None = Field(
         default=None, description="the agent stops the tasks this long after they start")
     interactive: bool = Field(
@@ -269,6 +275,9 @@ class NodeInventory(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     rack: str = ""
     runtime: str = "simulated"
+    agent_url: str = Field(default="", description="the agent's HTTP base URL (task logs)")
+    datasets: list[str] = Field(
+        default_factory=list, description="datasets the node's local cache holds (locality)")
 
 
 class NodeRegistered(Event):
@@ -285,6 +294,8 @@ class NodeHeartbeat(Event):
     node_id: str
     running_tasks: int = 0
     max_epoch_seen: int = 0
+    datasets: list[str] | None = Field(
+        default=None, description="the local dataset cache now; None = not reported")
 
     def key(self) -> str:
         return self.node_id

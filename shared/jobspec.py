@@ -119,6 +119,9 @@ class JobSpec(_Spec):
     ] = None
     runtime_estimate: Annotated[float | None, Field(ge=0, description="seconds")] = None
     preemptible: bool = True
+    dataset: Annotated[str | None, Field(
+        max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$",
+        description="the dataset it reads: nodes whose local cache holds it are preferred")] = None
     labels: dict[str, str] = Field(default_factory=dict)
     tasks: Annotated[list[TaskSpec], Field(min_length=1, max_length=64)]
 

@@ -25,6 +25,7 @@ from services.admission import cursor as page_cursor
 from services.admission import store, tokens
 from services.admission.auth import Principal, authenticate, require_admin
 from services.admission.routes_environments import router as environments_router
+from services.admission.routes_logs import router as logs_router
 from services.admission.routes_nodes_ops import router as nodes_ops_router
 from services.admission.routes_queues import WaitingOut, check_submit, waiting_of
 from services.admission.routes_queues import router as queues_router
@@ -384,4 +385,5 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
     app.include_router(nodes_ops_router)
     app.include_router(environments_router)
     app.include_router(queues_router)
+    app.include_router(logs_router)
     return app

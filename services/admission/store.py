@@ -257,10 +257,15 @@ async def apply_node_event(conn: AsyncConnection,
                         state = 'ready', last_heartbeat = EXCLUDED.last_heartbeat"""),
             {"n": ev.inventory.node_id, "i": ev.inventory.model_dump_json(), "o": occurred_at})
     elif isinstance(ev, NodeHeartbeat):
+        # datasets: the local dataset cache now, when the agent reports it
         await conn.execute(
             text("""UPDATE nodes_view SET last_heartbeat = GREATEST(last_heartbeat, :o),
-                        state = CASE WHEN state = 'lost' THEN 'ready' ELSE state END
-                    WHERE node_id = :n"""), {"n": ev.node_id, "o": occurred_at})
+                        state = CASE WHEN state = 'lost' THEN 'ready' ELSE state END,
+                        inventory = CASE WHEN CAST(:d AS jsonb) IS NULL THEN inventory
+                            ELSE jsonb_set(inventory, '{datasets}', CAST(:d AS jsonb)) END
+                    WHERE node_id = :n"""),
+            {"n": ev.node_id, "o": occurred_at,
+             "d": None if ev.datasets is None else json.dumps(sorted(ev.datasets))})
     else:
         await conn.execute(text("UPDATE nodes_view SET state = 'lost' WHERE node_id = :n"),
                            {"n": ev.node_id})

@@ -14,7 +14,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.node_agent.devices.base import DeviceBackend
+from services.node_agent.datasets import DatasetCache
+from services.node_agent.devices.base import DeviceBackend, GpuSample
 from services.node_agent.devices.simulated import SimulatedDevices
 from services.node_agent.interactive import allocate, session_env
 from services.node_agent.rendezvous import rendezvous_env
@@ -25,6 +26,7 @@ from services.node_agent.runtimes.base import (
     TaskExit,
     TaskLaunch,
 )
+from services.node_agent.shares import SHARE_EXCEEDED, ShareEnforcement, ShareLimits
 from shared.events import (
     TIME_LIMIT_REACHED,
     Binding,
@@ -60,11 +62,14 @@ class TaskRecord:
 class NodeAgent:
     def __init__(self, inventory: NodeInventory, devices: DeviceBackend,
                  runtime_factory: Callable[[Callable[[TaskExit], Awaitable[None]]], Runtime],
-                 publish: Publish, state_dir: str = "") -> None:
+                 publish: Publish, state_dir: str = "", *, shares: ShareLimits | None = None,
+                 datasets: DatasetCache | None = None) -> None:
         self.inventory = inventory
         self.node_id = inventory.node_id
         self.devices = devices
         self.runtime = runtime_factory(self._on_exit)
+        self.shares = ShareEnforcement(devices, self.runtime, self._stop_over_share, shares)
+        self.datasets = datasets or DatasetCache(configured=inventory.datasets)
         self._publish = publish
         self._tasks: dict[str, TaskRecord] = {}
         self._gpu_load: dict[int, tuple[float, int]] = {}  # index -> (compute %, MiB)
@@ -104,6 +109,42 @@ class NodeAgent:
                 await self._stop(b, t.task_id, stop_state)
         elif b.action is BindingAction.RESIZE:
             await self._resize(b)
+        elif b.action is BindingAction.RECONCILE:
+            await self._reconcile_owned(b)
+
+    async def _reconcile_owned(self, b: Binding) -> None:
+        """The scheduler lists every task it holds on this node (after a registration, or
+        when the node came back after it was declared lost). Any other task still running
+        here was requeued elsewhere: stop it (checkpoint signal, grace, kill) and report
+        it. A listed task this agent does not run and never ran is reported failed, so the
+        scheduler places it again. Tasks bound after this binding come after it: untouched."""
+        owned = set(b.owned)
+        stale = [key for key, rec in self._tasks.items()
+                 if key not in owned and rec.stop_state is None]
+        why = f"no longer owned: {b.reason}; the scheduler placed it elsewhere"
+        for key in stale:
+            self._tasks[key].stop_state, self._tasks[key].stop_reason = JobState.CANCELLED, why
+        if stale:
+            log.warning("stopping tasks this node no longer owns", node=self.node_id,
+                        tasks=stale, reason=b.reason)
+        await asyncio.gather(*(self.runtime.stop(key, b.grace_period_s, reason="not_owned",
+                                                 message=why) for key in stale))
+        for key in sorted(owned - self._tasks.keys() - self._done.keys()):
+            job_id, task_id, attempt = key.split("/")
+            self._remember(key)
+            await self._publish(JobStatus(
+                job_id=job_id, state=JobState.FAILED, attempt=int(attempt), task=task_id,
+                reason="lost: not running on this node (the agent restarted or never got "
+                "its binding)", node_id=self.node_id, epoch=b.epoch), f"failed-{key}")
+
+    async def _stop_over_share(self, key: str, grace_s: float, reason: str,
+                               message: str) -> None:
+        """The share watchdog's stop: the task fails with the figures as its reason."""
+        rec = self._tasks.get(key)
+        if rec is None or rec.stop_state is not None:
+            return
+        rec.stop_state, rec.stop_reason = JobState.FAILED, f"{SHARE_EXCEEDED}: {message}"
+        await self.runtime.stop(key, grace_s, reason=reason, message=message)
 
     async def _resize(self, b: Binding) -> None:
         """Stop the removed replicas (together: each gets the grace period), then start
@@ -144,6 +185,7 @@ class NodeAgent:
         if launch.key not in self._tasks:
             return  # the runtime knew it had already ended (a restart): reported that
         self._load(launch, +1)
+        self.shares.started(launch, self._gpu_memory)
         if b.time_limit_s:
             rec.timer = asyncio.create_task(
                 self._expire(launch.key, b.time_limit_s, b.grace_period_s))
@@ -182,6 +224,7 @@ class NodeAgent:
             return
         self._remember(ex.key)
         self._load(rec.launch, -1)
+        self.shares.ended(rec.launch)
         if rec.timer is not None and rec.timer is not asyncio.current_task():
             rec.timer.cancel()
         if rec.stop_state is not None:
@@ -213,6 +256,19 @@ class NodeAgent:
                 env={}, gpus=(), cpu_milli=0, memory_mib=0))
         return len(adopted)
 
+    def _gpu_memory(self, index: int) -> int:
+        gpus = {g.index: g.memory_mib for g in self.inventory.gpus}
+        return gpus.get(index, 0)
+
+    def log_keys(self, job_id: str) -> list[str]:
+        """Keys (job/task/attempt) of the job's tasks this agent runs or ran."""
+        prefix = f"{job_id}/"
+        return sorted({*(k for k in self._tasks if k.startswith(prefix)),
+                       *(k for k in self._done if k.startswith(prefix))})
+
+    def running(self, key: str) -> bool:
+        return key in self._tasks
+
     def _remember(self, key: str) -> None:
         self._done[key] = None
         if len(self._done) > 100_000:
@@ -238,15 +294,23 @@ class NodeAgent:
 
     def heartbeat(self) -> NodeHeartbeat:
         return NodeHeartbeat(node_id=self.node_id, running_tasks=len(self._tasks),
-                             max_epoch_seen=self.max_epoch)
+                             max_epoch_seen=self.max_epoch, datasets=self.datasets.list())
 
-    def telemetry(self) -> NodeTelemetry:
+    async def tick(self) -> NodeTelemetry:
+        """One telemetry interval: a sample of the GPUs, judged by the share watchdog
+        (tasks over their share are stopped) and returned as telemetry."""
+        samples = (self.devices.sample() if isinstance(self.devices, SimulatedDevices)
+                   else await asyncio.to_thread(self.devices.sample))
+        self.shares.check(samples)
+        return self.telemetry(samples)
+
+    def telemetry(self, samples: list[GpuSample] | None = None) -> NodeTelemetry:
         return NodeTelemetry(node_id=self.node_id, gpus=[
             GpuTelemetry(index=s.index, utilization_pct=s.utilization_pct,
                          memory_used_mib=s.memory_used_mib, temperature_c=s.temperature_c,
                          power_w=s.power_w,
                          health=GpuHealth.DEGRADED if s.degraded() else GpuHealth.HEALTHY)
-            for s in self.devices.sample()])
+            for s in (self.devices.sample() if samples is None else samples)])
 
     async def close(self) -> None:
         await self.runtime.close()
@@ -254,11 +318,13 @@ class NodeAgent:
 
 def simulated_inventory(node_id: str, devices: DeviceBackend, cpu_milli: int,
                         memory_mib: int, rack: str, runtime: str = "simulated",
-                        address: str = "127.0.0.1") -> NodeInventory:
+                        address: str = "127.0.0.1", agent_url: str = "",
+                        datasets: list[str] | None = None) -> NodeInventory:
     """The node as the scheduler sees it: its GPUs from the device backend."""
     return NodeInventory(
         node_id=node_id, hostname=node_id, address=address, cpu_milli=cpu_milli,
-        memory_mib=memory_mib, rack=rack, runtime=runtime,
+        memory_mib=memory_mib, rack=rack, runtime=runtime, agent_url=agent_url,
+        datasets=datasets or [],
         gpus=[GpuInfo(index=d.index, uuid=d.uuid, model=d.model, memory_mib=d.memory_mib,
                       nvlink_domain=d.nvlink_domain, nvlink_peers=list(d.nvlink_peers))
               for d in devices.devices()])

@@ -14,11 +14,14 @@ from pathlib import Path
 from aiokafka import TopicPartition
 
 from services.node_agent.agent import NodeAgent, simulated_inventory
+from services.node_agent.datasets import DatasetCache
 from services.node_agent.devices.base import DeviceBackend
 from services.node_agent.devices.simulated import SimulatedDevices
+from services.node_agent.logs_api import add_log_routes
 from services.node_agent.runtimes.base import ExitCallback, Runtime
 from services.node_agent.runtimes.simulated import SimulatedRuntime
 from services.node_agent.settings import AgentSettings
+from services.node_agent.shares import ShareLimits
 from shared.bus import Consumer, ConsumerOptions, partition_for
 from shared.events import Binding, Envelope, Event, NodeRegistered, utcnow
 from shared.http import HttpServer, ops_app
@@ -63,9 +66,20 @@ class AgentHost:
 
     def _add(self, name: str, devices: DeviceBackend, runtime_factory: RuntimeFactory) -> None:
         s = self.settings
+        datasets = DatasetCache.from_setting(s.datasets_dir, s.datasets)
         inv = simulated_inventory(name, devices, s.node_cpu_milli, s.node_memory_mib, s.rack,
-                                  runtime=s.node_runtime, address=s.node_address or "127.0.0.1")
-        self.agents[name] = NodeAgent(inv, devices, runtime_factory, self.publish, s.state_dir)
+                                  runtime=s.node_runtime, address=s.node_address or "127.0.0.1",
+                                  agent_url=self.agent_url(), datasets=datasets.list())
+        self.agents[name] = NodeAgent(
+            inv, devices, runtime_factory, self.publish, s.state_dir, datasets=datasets,
+            shares=ShareLimits(s.share_grace_s, s.share_strikes, s.share_tolerance_mib))
+
+    def agent_url(self) -> str:
+        """Where the gateway reaches this process's HTTP port (it serves every node here)."""
+        s = self.settings
+        host = s.node_address or ("127.0.0.1" if s.http_host in ("", "0.0.0.0", "::")
+                                  else s.http_host)
+        return s.agent_url or f"http://{host}:{s.http_port}"
 
     def _real_runtime(self, on_exit: ExitCallback) -> Runtime:
         s = self.settings
@@ -113,7 +127,7 @@ class AgentHost:
         while True:
             await asyncio.sleep(self.settings.telemetry_s)
             for agent in self.agents.values():
-                await self.publish(agent.telemetry(), None)
+                await self.publish(await agent.tick(), None)  # the share watchdog's sample too
 
     async def reconcile(self) -> None:
         for agent in self.agents.values():
@@ -127,8 +141,8 @@ class AgentHost:
             await agent.close()
 
 
-async def main(settings: AgentSettings | None = None) -> None:
-    settings = settings or AgentSettings()
+async def start(settings: AgentSettings) -> tuple[ServiceRuntime, AgentHost, HttpServer]:
+    """Connect, adopt what still runs, register: ready for ``rt.run(http)``."""
     rt = ServiceRuntime(settings, use_db=False)
     await rt.start_dependencies()
     host = AgentHost(settings, rt)
@@ -143,8 +157,15 @@ async def main(settings: AgentSettings | None = None) -> None:
     rt.add_loop(host.telemetry)
     await host.reconcile()  # before the first binding: nothing starts twice
     await host.register()
+    app = ops_app(rt.ready)
+    add_log_routes(app, host.agents, settings.agent_token)
+    return rt, host, HttpServer(app, settings.http_host, settings.http_port)
+
+
+async def main(settings: AgentSettings | None = None) -> None:
+    rt, host, http = await start(settings or AgentSettings())
     try:
-        await rt.run(HttpServer(ops_app(rt.ready), settings.http_host, settings.http_port))
+        await rt.run(http)
     finally:
         await host.close()
 

@@ -20,3 +20,13 @@ class AgentSettings(CommonSettings):
     rack: str = "rack-0"
     node_address: str = ""  # how other nodes reach this one (MASTER_ADDR); default loopback
     pod_namespace: str = "kairos"  # the Kubernetes runtime's namespace
+    # how the gateway reaches this agent's HTTP port (task logs); default
+    # http://<node_address or http_host>:<http_port>
+    agent_url: str = ""
+    agent_token: str = ""  # when set, /logs asks for "Authorization: Bearer <it>"
+    datasets: str = ""  # comma-separated datasets the local cache holds (simulated nodes)
+    datasets_dir: str = ""  # the local dataset cache: each entry is a dataset
+    # GPU-share watchdog, on the telemetry interval
+    share_grace_s: float = 10.0  # checkpoint grace of a task stopped over its share
+    share_strikes: int = 2  # samples in a row over its share before it is stopped
+    share_tolerance_mib: int = 0

@@ -135,6 +135,7 @@ class NodeView:
     cordon_generation: int = 0  # of the last command applied (replays are ignored)
     cordon_reason: str = ""
     drained: bool = False  # draining and nothing of ours runs there any more (announced)
+    datasets: frozenset[str] | None = None  # from heartbeats; None = the inventory's
 
 
 @dataclass
@@ -183,6 +184,7 @@ def job_request(job: SchedJob, caps: Mapping[str, int] | None = None) -> JobRequ
         submit_time=job.ready.submitted_at.timestamp(),
         min_available=spec.min_available,
         runtime_estimate_s=spec.runtime_estimate,
+        dataset=spec.dataset or "",
         preemptible=spec.preemptible,
         attempt=job.attempt,
     )
@@ -206,6 +208,7 @@ class SchedulerState:
         self._allocs: dict[tuple[str, str, int], Allocation] = {}
         self._requests: dict[tuple[Any, ...], JobRequest] = {}
         self._seq = 0
+        self._reconciles = 0  # ids of reconcile bindings (a new one each time)
         self.needs_cycle = True
 
     # --- events in ---------------------------------------------------------------------
@@ -234,12 +237,19 @@ class SchedulerState:
             self._node_cache = None
             out.dirty_nodes.add(event.inventory.node_id)
             self.needs_cycle = True
+            self._reconcile_node(event.inventory.node_id, out, "registered")
         elif isinstance(event, NodeHeartbeat):
             view = self.nodes.get(event.node_id)
             if view is not None and view.lost:
                 view.lost = False
                 self._node_cache = None
                 out.dirty_nodes.add(event.node_id)
+                self.needs_cycle = True
+                self._reconcile_node(event.node_id, out, "back after it was declared lost")
+            if view is not None and event.datasets is not None and \
+                    frozenset(event.datasets) != self._datasets(view):
+                view.datasets = frozenset(event.datasets)
+                self._node_cache = None
                 self.needs_cycle = True
         elif isinstance(event, NodeLost):
             self._on_node_lost(event, out)
@@ -513,6 +523,7 @@ class SchedulerState:
                     rack=n.inventory.rack,
                     schedulable=not n.lost and not n.cordon,
                     cordoned=bool(n.cordon),
+                    datasets=self._datasets(n),
                 )
                 for n in self.nodes.values()
             )
@@ -764,6 +775,26 @@ class SchedulerState:
                   for g in p.gpus],
             cpu_milli=p.cpu_milli, memory_mib=p.memory_mib, image=spec.image,
             command=spec.command, env=spec.env)
+
+    @staticmethod
+    def _datasets(view: NodeView) -> frozenset[str]:
+        return (view.datasets if view.datasets is not None
+                else frozenset(view.inventory.datasets))
+
+    def _reconcile_node(self, node_id: str, out: Output, why: str) -> None:
+        """Tell a node that (re)registers or comes back after it was declared lost which
+        tasks it still owns: every task placed there and not yet ended. The agent stops
+        any other it runs (a lost node's tasks were already requeued elsewhere). Bindings
+        are ordered per node, so a task bound before this answer is listed and one bound
+        after it arrives after it: neither is touched."""
+        owned = sorted(f"{job.job_id}/{p.task_id}/{p.attempt}"
+                       for job in self.jobs.values() for p in job.live()
+                       if p.node_id == node_id)
+        self._reconciles += 1
+        binding = Binding(binding_id=f"reconcile-{node_id}-e{self.epoch}-{self._reconciles}",
+                          action=BindingAction.RECONCILE, node_id=node_id, epoch=self.epoch,
+                          job_id="", reason=f"node {why}", owned=owned)
+        out.emit(binding, self.SOURCE, event_id=binding.binding_id)
 
     def _address(self, node_id: str) -> str:
         view = self.nodes.get(node_id)

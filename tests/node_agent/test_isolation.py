@@ -138,13 +138,13 @@ async def test_watchdog_stops_a_task_that_outgrows_its_share(
     assert [v.key for v in found] == [greedy.key]
     done = await exits.wait(greedy.key)
     assert done.reason == "share_exceeded"
-    assert done.message == "GPU 2: uses 24576 MiB, its share is 20480 MiB"
+    assert done.message == "GPU 2 used 24576 MiB of its 20480 MiB share"
     assert await rt.running() == [modest.key]
 
     fake.gpus[3].run(modest_pid, 512)  # escaped to a GPU it was not granted
     await watchdog.check_once()
     found = await watchdog.check_once()
-    assert found[0].message == "GPU 3: uses 512 MiB of a GPU it was not granted"
+    assert found[0].message == "GPU 3 used 512 MiB but was not granted to it"
     assert (await exits.wait(modest.key)).reason == "share_exceeded"
     await rt.close()
     devices.close()

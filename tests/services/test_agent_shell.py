@@ -126,7 +126,8 @@ async def test_gang_tasks_start_with_the_rendezvous_environment() -> None:
                           submitted_at=utcnow(), admitted_at=utcnow()), out)
     sched.cycle(0, out)
     mine = next(e.payload() for e, t in out.events if t == "bindings"
-                and e.payload().node_id == "n1")  # type: ignore[attr-defined]
+                and e.payload().node_id == "n1"  # type: ignore[attr-defined]
+                and e.payload().action is BindingAction.ALLOCATE)  # type: ignore[attr-defined]
     assert isinstance(mine, Binding) and len(mine.cluster) == 4
 
     launches = []

@@ -1,4 +1,8 @@
-"""Simulated GPUs whose telemetry follows the simulated load placed on them."""
+"""Simulated GPUs whose telemetry follows the simulated load placed on them.
+
+Simulated tasks also appear as processes with their GPU memory (``run_process``), as
+NVML's per-process memory does, so the share watchdog works the same on a simulated node.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +29,19 @@ class SimulatedDevices:
         ]
         # index -> (compute % busy, MiB used) from the tasks placed on it
         self._load: dict[int, tuple[float, int]] = {}
+        self._procs: dict[int, dict[int, int]] = {}  # index -> pid -> MiB
+
+    def run_process(self, index: int, pid: int, memory_mib: int) -> None:
+        """A (simulated) process uses ``memory_mib`` on GPU ``index``; 0 ends it there."""
+        procs = self._procs.setdefault(index, {})
+        if memory_mib > 0:
+            procs[pid] = memory_mib
+        else:
+            procs.pop(pid, None)
+
+    def end_process(self, pid: int) -> None:
+        for procs in self._procs.values():
+            procs.pop(pid, None)
 
     def devices(self) -> list[GpuDevice]:
         return list(self._devices)
@@ -36,6 +53,8 @@ class SimulatedDevices:
         out = []
         for d in self._devices:
             busy, mem = self._load.get(d.index, (0.0, 0))
+            procs = dict(self._procs.get(d.index, {}))
+            mem = min(d.memory_mib, max(mem, sum(procs.values())))
             out.append(GpuSample(
                 index=d.index,
                 utilization_pct=busy,
@@ -43,6 +62,7 @@ class SimulatedDevices:
                 temperature_c=32.0 + 0.4 * busy,
                 power_w=70.0 + 6.3 * busy,
                 sm_clock_mhz=1980 if busy else 345,
+                process_memory_mib=procs,
             ))
         return out
 

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from services.node_agent.devices.base import DeviceBackend
+from services.node_agent.devices.base import DeviceBackend, GpuSample
 from services.node_agent.runtimes.base import GpuGrant
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,7 @@ class ShareWatchdog:
         self._interval_s = interval_s
         self._grants: dict[str, tuple[GpuGrant, ...]] = {}
         self._strikes: dict[str, int] = {}
+        self._stopping: set[asyncio.Future[None]] = set()
 
     def watch(self, key: str, grants: Sequence[GpuGrant]) -> None:
         """Watch a task holding GPU shares (whole-GPU tasks need no watching)."""
@@ -57,17 +58,27 @@ class ShareWatchdog:
         limits = {g.index: g.memory_mib for g in self._grants[key]}
         for index, used in sorted(usage.items()):
             if index not in limits:
-                return f"GPU {index}: uses {used} MiB of a GPU it was not granted"
+                return f"GPU {index} used {used} MiB but was not granted to it"
             limit = limits[index]
             if limit and used > limit + self._tolerance:
-                return f"GPU {index}: uses {used} MiB, its share is {limit} MiB"
+                return f"GPU {index} used {used} MiB of its {limit} MiB share"
         return None
 
+    @property
+    def watching(self) -> bool:
+        return bool(self._grants)
+
     async def check_once(self) -> list[Violation]:
-        """One sample; stops the tasks over their share and returns why."""
+        """One sample; stops the tasks over their share (waiting for them) and says why."""
         if not self._grants:
             return []
-        samples = await asyncio.to_thread(self._devices.sample)
+        found = self.check(await asyncio.to_thread(self._devices.sample))
+        await asyncio.gather(*self._stopping)
+        return found
+
+    def check(self, samples: Sequence[GpuSample]) -> list[Violation]:
+        """Judge one sample (the agent passes its telemetry sample); the tasks over their
+        share are stopped in the background (a stop waits out the grace period)."""
         found = []
         for key in list(self._grants):
             pids = self._task_pids(key)
@@ -86,11 +97,16 @@ class ShareWatchdog:
         for v in found:
             log.warning("stopping %s: %s", v.key, v.message)
             self.unwatch(v.key)
-        await asyncio.gather(*(
-            self._runtime.stop(v.key, self._grace_s, reason=REASON,  # type: ignore[attr-defined]
-                               message=v.message)
-            for v in found))
+            stop = asyncio.ensure_future(self._runtime.stop(  # type: ignore[attr-defined]
+                v.key, self._grace_s, reason=REASON, message=v.message))
+            self._stopping.add(stop)
+            stop.add_done_callback(self._stopped)
         return found
+
+    def _stopped(self, task: asyncio.Future[None]) -> None:
+        self._stopping.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("stopping a task over its share failed: %r", task.exception())
 
     async def run(self) -> None:
         """Check every ``interval_s`` until cancelled."""

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 import yaml
-from rich.table import Table
+from rich.table import Column, Table
 
 from kairos.cli import TokenOpt, UrlOpt, _client, _request, app, console, err
 
@@ -30,10 +30,12 @@ def queues(url: UrlOpt = None, token: TokenOpt = None) -> None:
     """Queues with their GPU quota, usage, borrowing and job counts."""
     with _client(url, token) as c:
         rows = _request(c, "GET", "/v1/queues")
-    t = Table("queue", "kind", "parent", "tenant", "state", "gpus used/guaranteed", "borrowed",
-              "borrow limit", "weight", "pending", "admitted", "running")
+    t = Table("parent", "tenant", "state", "GPUs used/quota", "borrowed", "borrow max",
+              "weight", "pending", "admitted", "running")
+    t.columns.insert(0, Column("queue", no_wrap=True, min_width=12))  # names stay whole
     for q in rows:
-        t.add_row(q["name"], q["kind"], q["parent"] or "-", q["tenant"] or "(shared)",
+        name = q["name"] + (" (cohort)" if q["kind"] == "cohort" else "")
+        t.add_row(name, q["parent"] or "-", q["tenant"] or "(shared)",
                   q["state"], f"{q['used']['gpus']:g}/{_gpus(q['guaranteed'])}",
                   f"{q['borrowed']['gpus']:g}", _gpus(q["borrowing_limit"]),
                   f"{q['weight']:g}", str(q["pending"]), str(q["admitted"]), str(q["running"]))

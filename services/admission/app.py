@@ -22,13 +22,15 @@ from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission import cursor as page_cursor
-from services.admission import store, tokens
+from services.admission import openapi_errors, policy, ratelimit, store, tokens
 from services.admission.auth import Principal, authenticate, require_admin
 from services.admission.routes_environments import router as environments_router
+from services.admission.routes_jobs_stream import router as jobs_stream_router
 from services.admission.routes_logs import router as logs_router
 from services.admission.routes_nodes_ops import router as nodes_ops_router
 from services.admission.routes_queues import WaitingOut, check_submit, waiting_of
 from services.admission.routes_queues import router as queues_router
+from services.admission.routes_usage import router as usage_router
 from services.admission.settings import AdmissionSettings
 from shared.events import CommandAction, JobCommand, JobState
 from shared.http import ReadyCheck, add_ops_routes
@@ -229,7 +231,9 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
         request: Request, response: Response, caller: Caller,
         idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
     ) -> JobOut:
+        await ratelimit.check_submit(engine, settings, caller.tenant)
         spec = await _read_spec(request)
+        await policy.check_submit(request.app, spec)
         await check_submit(engine, spec.queue, caller)  # an open queue the caller may use
         row, created = await store.insert_job(engine, spec, caller.tenant, caller.user,
                                               idempotency_key)
@@ -384,6 +388,9 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
 
     app.include_router(nodes_ops_router)
     app.include_router(environments_router)
-    app.include_router(queues_router)
+    app.include_router(jobs_stream_router)
+    app.include_router(usage_router)
     app.include_router(logs_router)
+    app.include_router(queues_router)
+    openapi_errors.install(app)  # after every route: documents each one's refusals
     return app

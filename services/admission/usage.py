@@ -87,11 +87,11 @@ async def _open(conn: AsyncConnection, st: JobStatus, occurred_at: datetime) -> 
     await conn.execute(text(
         """INSERT INTO task_runs (job_id, task_id, attempt, tenant, queue, node_id, gpus,
                                   shared, started_at, ended_at)
-           VALUES (:j, :t, :a, :tenant, :q, :n, :g, :s, :o, CASE WHEN :over THEN :o END)
+           VALUES (:j, :t, :a, :tenant, :q, :n, :g, :s, :o, :end)
            ON CONFLICT (job_id, task_id, attempt) DO NOTHING"""),
         {"j": st.job_id, "t": st.task, "a": st.attempt, "tenant": job["tenant"],
          "q": job["queue"], "n": st.node_id, "g": gpus, "s": shared, "o": occurred_at,
-         "over": over})
+         "end": occurred_at if over else None})
 
 
 async def gpu_hours(engine: AsyncEngine, start: datetime, end: datetime,

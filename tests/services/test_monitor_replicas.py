@@ -14,17 +14,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from kairos.embedded import EmbeddedBroker
 from services.monitor.election import LOCK_KEY
 from services.monitor.main import MonitorReplica, MonitorSettings
 from services.monitor.metrics import MonitorMetrics
-from shared.bus import Consumer, Producer, ensure_topics
+from shared.bus import Consumer, ConsumerOptions, Producer, ensure_topics
+from shared.config import CommonSettings
 from shared.events import (
     Binding,
     BindingAction,
     DeadLetter,
+    Envelope,
     Event,
     GpuAssignment,
     GpuHealth,
@@ -38,6 +41,7 @@ from shared.events import (
     TaskBinding,
 )
 from shared.jobspec import parse_job_spec
+from shared.topics import DEAD_LETTER, JOBS_COMMANDS, JOBS_STATUS
 from tests.services.builders import node
 
 pytestmark = [pytest.mark.broker, pytest.mark.db]
@@ -248,3 +252,44 @@ async def test_two_replicas_sum_to_what_one_exports(own_broker: str, db_url: str
     finally:
         for r in [one, *pair]:
             await r.stop()
+
+
+
+async def dead_letter_count(bootstrap: str) -> int:
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await c.start()
+    try:
+        tps = [TopicPartition(DEAD_LETTER.name, p)
+               for p in c.partitions_for_topic(DEAD_LETTER.name) or ()]
+        return sum((await c.end_offsets(tps)).values())
+    finally:
+        await c.stop()
+
+
+async def test_the_view_consumer_replays_everything_and_dead_letters_nothing(
+        own_broker: str, publisher: Producer) -> None:
+    """The elected replica's reader: no commits (each start reads the whole history again)
+    and no dead letters (the topics' own consumer groups send those)."""
+    await publisher.send_raw(JOBS_COMMANDS.name, b"k", b"{not json")
+    await publisher.publish(JobStatus(job_id="v1", state=JobState.RUNNING, reason="x"))
+    topics = [JOBS_COMMANDS.name, JOBS_STATUS.name]
+    tps = [TopicPartition(t, p) for t in topics for p in range(await publisher.partition_count(t))]
+    letters = await dead_letter_count(own_broker)
+    for _ in range(2):  # the second start reads it all again
+        seen: list[str] = []
+
+        async def handle(env: Envelope, event: Event, seen: list[str] = seen) -> None:
+            seen.append(event.TYPE)
+
+        c = Consumer(CommonSettings(kafka_bootstrap=own_broker, service_name="t"),
+                     ConsumerOptions("view", topics, assign=tps, commit=False,
+                                     dead_letter=False), handle, publisher)
+        await c.start()
+        task = asyncio.create_task(c.run())
+        await until(lambda seen=seen: "" if seen == ["job.status"] else f"read {seen}",
+                    "the view consumer")
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await c.stop()
+    assert await dead_letter_count(own_broker) == letters

@@ -7,6 +7,7 @@ publishes goes to the real broker and is also recorded here to check it."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -316,3 +317,26 @@ async def test_unknown_queues_fail_the_job_and_the_default_queue_is_unlimited(
     await world.q.cycle()
     assert world.ready() == jobs
     assert isinstance(world.q.tree.specs["default"], QueueSpec)
+
+
+async def test_two_replicas_share_the_intake_and_never_admit_past_the_quota(
+        world: World) -> None:
+    """Each replica stores what its partitions bring; decisions per tree are taken by one
+    replica at a time (advisory lock), so concurrent cycles never exceed the quota and
+    never release a job twice."""
+    await world.restart(SOLO)
+    other = Queueing(world.producer, world.engine, OrderingSpec(), clock=lambda: world.now[0])
+    await other.start(parse_queues(SOLO)[1])
+    first, second = world.q, other
+    for i in range(10):
+        world.q = first if i % 2 else second  # alternate which replica stores the job
+        await world.submit("solo")
+    world.q = first
+    await asyncio.gather(first.cycle(), second.cycle(), first.cycle(), second.cycle())
+    assert len(world.ready()) == len(set(world.ready())) == 4
+    assert world.last_status("solo").used["gpus"] == 4
+    for j in world.ready()[:2]:
+        await second.handle_batch([(Envelope.wrap(st, "scheduler"), st) for st in [
+            JobStatus(job_id=j, state=JobState.SUCCEEDED, reason="test")]])
+    await asyncio.gather(first.cycle(), second.cycle())
+    assert len(world.ready()) == len(set(world.ready())) == 6

@@ -128,12 +128,18 @@ def add_log_routes(app: FastAPI, agents: Mapping[str, NodeAgent], token: str = "
                                 headers={"WWW-Authenticate": "Bearer"})
         agent, key = _choose(agents, job_id, node, task, attempt)
         reader = LogReader(agent.runtime, key)
-        if not await asyncio.to_thread(reader.exists):
+        try:
+            found = await asyncio.to_thread(reader.exists)
+            head, offset = await asyncio.to_thread(reader.head, tail) if found else (b"", 0)
+        except Exception as exc:  # e.g. the API server refuses a Pod still creating
+            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, detail=(
+                f"the {agent.runtime.name} runtime cannot read the log of {key} now: "
+                f"{type(exc).__name__}: {str(exc)[:200]}")) from exc
+        if not found:
             raise HTTPException(status.HTTP_404_NOT_FOUND,
                                 detail=f"no logs yet for task {key.split('/')[1]} of job "
                                        f"{job_id} (attempt {key.split('/')[2]})")
         headers = {"X-Kairos-Task": key, "X-Kairos-Node": agent.node_id}
-        head, offset = await asyncio.to_thread(reader.head, tail)
         if not follow:
             return PlainTextResponse(head.decode(errors="replace"), headers=headers)
 

@@ -117,22 +117,28 @@ def describe(job_id: str, url: UrlOpt = None, token: TokenOpt = None) -> None:
 def jobs(
     state: Annotated[str | None, typer.Option(help="only jobs in this state")] = None,
     queue: Annotated[str | None, typer.Option(help="only jobs of this queue")] = None,
-    limit: Annotated[int, typer.Option(help="at most this many")] = 50,
+    user: Annotated[str | None, typer.Option(help="only jobs this user submitted")] = None,
+    tenant: Annotated[str | None, typer.Option(help="only this tenant's jobs (admin)")] = None,
+    limit: Annotated[int, typer.Option(help="at most this many", min=1)] = 50,
     url: UrlOpt = None, token: TokenOpt = None,
 ) -> None:
     """Jobs with their state (like squeue / vcctl job list)."""
-    params: dict[str, Any] = {"limit": limit}
-    if state:
-        params["state"] = state
-    if queue:
-        params["queue"] = queue
+    params: dict[str, Any] = {k: v for k, v in (
+        ("state", state), ("queue", queue), ("user", user), ("tenant", tenant)) if v}
+    items: list[dict[str, Any]] = []
     with _client(url, token) as c:
-        page = _request(c, "GET", "/v1/jobs", params=params)
-    t = Table("name", "queue", "state", "attempt", "reason", "submitted")
+        while len(items) < limit:  # page by cursor: stable while jobs come and go
+            page = _request(c, "GET", "/v1/jobs",
+                            params={**params, "limit": min(500, limit - len(items))})
+            items += page["items"]
+            if not page.get("next_cursor"):
+                break
+            params["cursor"] = page["next_cursor"]
+    t = Table("name", "queue", "user", "state", "attempt", "reason", "submitted")
     t.columns.insert(0, Column("job", no_wrap=True, min_width=18))  # ids stay whole
-    for j in page["items"]:
-        t.add_row(j["id"], j["name"], j["queue"], j["state"], str(j["attempt"]), j["reason"],
-                  j["submitted_at"][:19].replace("T", " "))
+    for j in items:
+        t.add_row(j["id"], j["name"], j["queue"], j["user"], j["state"], str(j["attempt"]),
+                  j["reason"], j["submitted_at"][:19].replace("T", " "))
     console.print(t)
 
 
@@ -322,7 +328,7 @@ def up(
         raise typer.Exit(1)
 
 
-from kairos import cli_env, cli_logs, cli_nodes, cli_queues  # noqa: E402,F401  (they register on app)
+from kairos import cli_env, cli_logs, cli_nodes, cli_queues, cli_watch  # noqa: E402,F401  (they register on app)
 
 if __name__ == "__main__":
     app()

@@ -11,7 +11,9 @@ from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
+from kairos.cli import app
 from services.admission.routes_jobs_stream import WATCHERS, JobEventsFeed
 from shared.events import JobState
 from tests.services.gateway_helpers import Gateway, auth, gateway
@@ -163,3 +165,41 @@ async def test_many_watchers_of_many_jobs_share_one_feed(gw: Gateway) -> None:
         await gw.status(job, JobState.SUCCEEDED)
     results = await asyncio.wait_for(asyncio.gather(*watchers), 30)
     assert results == [["pending", "running", "succeeded", "succeeded"]] * 6
+
+
+def cli(gw: Gateway, token: str, *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, [*args, "--url", str(gw.http.base_url), "--token", token])
+    return result.exit_code, result.output
+
+
+async def test_kairos_watch_follows_live_and_exits_with_the_outcome(gw: Gateway) -> None:
+    token = await gw.token("vision")
+    job = await gw.submit(token)
+    watching = asyncio.create_task(asyncio.to_thread(cli, gw, token, "watch", job))
+    feed = None
+    for _ in range(200):  # the CLI's stream is open
+        feed = getattr(gw.app.state, "job_events_feed", None)
+        if feed and job in feed._watches:
+            break
+        await asyncio.sleep(0.05)
+    assert feed is not None and job in feed._watches
+    for state, task in ((JobState.RUNNING, "w-0"), (JobState.RUNNING, None),
+                        (JobState.SUCCEEDED, "w-0"), (JobState.SUCCEEDED, None)):
+        await gw.status(job, state, task=task)
+    code, out = await asyncio.wait_for(watching, 30)
+    assert code == 0, out
+    lines = out.splitlines()
+    assert [ln.split()[1:3] for ln in lines[:5]] == [
+        ["job", "pending"], ["w-0", "running"], ["job", "running"], ["w-0", "succeeded"],
+        ["job", "succeeded"]]
+    assert "on n1" in lines[1] and lines[-1] == f"job {job} succeeded (test succeeded)"
+
+    failed, cancelled = await gw.submit(token), await gw.submit(token)
+    await gw.status(failed, JobState.FAILED, reason="retries exhausted")
+    await gw.status(cancelled, JobState.CANCELLED, reason="cancelled by user")
+    code, out = await asyncio.to_thread(cli, gw, token, "watch", failed, "--no-tasks")
+    assert code == 4 and f"job {failed} failed (retries exhausted)" in out
+    code, out = await asyncio.to_thread(cli, gw, token, "watch", cancelled)
+    assert code == 5 and "cancelled" in out
+    code, out = await asyncio.to_thread(cli, gw, await gw.token("nlp"), "watch", job)
+    assert code == 1 and f"error 404: no job {job}" in out

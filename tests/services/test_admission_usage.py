@@ -4,13 +4,16 @@ code), and GET /v1/usage sums GPU-hours per tenant and queue inside a range."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import text
+from typer.testing import CliRunner
 
+from kairos.cli import app
 from services.admission.usage import replica_gpus, task_name
 from shared.events import JobState
 from tests.services.gateway_helpers import Gateway, auth, gateway
@@ -155,3 +158,28 @@ def test_a_replica_holds_whole_gpus_or_the_fraction_of_its_share() -> None:
     assert replica_gpus({"resources": {"cpu": 4000}}, 81920) == (0.0, False)
     assert [task_name(t) for t in ("worker-0", "worker-12.3", "my-ps-1")] == [
         "worker", "worker", "my-ps"]
+
+
+async def test_kairos_usage_prints_gpu_hours_per_tenant_and_queue(gw: Gateway) -> None:
+    token = await gw.token("vision")
+    job = await gw.submit(token, spec([{"name": "w", "replicas": 2, "resources": {"gpu": 3}}]))
+    await run(gw, job, ["w-0", "w-1"], 0, 2)
+
+    def cli(*args: str) -> tuple[int, str]:
+        result = CliRunner().invoke(app, [*args, "--url", str(gw.http.base_url),
+                                          "--token", token])
+        return result.exit_code, result.output
+
+    code, out = await asyncio.to_thread(
+        cli, "usage", "--from", at(0).isoformat(), "--to", at(24).isoformat())
+    assert code == 0, out
+    assert "2025-01-06T08:00 .. 2025-01-07T08:00" in out
+    row = next(ln for ln in out.splitlines() if "vision" in ln)
+    assert [c.strip() for c in row.split("│")[1:6]] == [
+        "vision", "default", "12.00", "0.00", "2"]
+    code, out = await asyncio.to_thread(cli, "usage", "--from", "2d")  # a duration back
+    assert code == 0 and "vision" not in out  # nothing in the last two days
+    code, out = await asyncio.to_thread(cli, "usage", "--from", "someday")
+    assert code == 2 and "neither an ISO time nor a duration" in out
+    code, out = await asyncio.to_thread(cli, "usage", "--tenant", "nlp")
+    assert code == 1 and "error 403: this token sees only tenant vision's usage" in out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -75,11 +76,19 @@ class AgentHost:
             shares=ShareLimits(s.share_grace_s, s.share_strikes, s.share_tolerance_mib))
 
     def agent_url(self) -> str:
-        """Where the gateway reaches this process's HTTP port (it serves every node here)."""
+        """Where the gateway reaches this process's HTTP port (it serves every node here):
+        KAIROS_AGENT_URL, else the node's address, else the host it listens on; listening
+        on every interface (compose, a Pod), the address its hostname resolves to."""
         s = self.settings
-        host = s.node_address or ("127.0.0.1" if s.http_host in ("", "0.0.0.0", "::")
-                                  else s.http_host)
-        return s.agent_url or f"http://{host}:{s.http_port}"
+        if s.agent_url:
+            return s.agent_url
+        host = s.node_address or s.http_host
+        if host in ("", "0.0.0.0", "::"):
+            try:
+                host = socket.gethostbyname(socket.gethostname())
+            except OSError:
+                host = "127.0.0.1"
+        return f"http://{host}:{s.http_port}"
 
     def _real_runtime(self, on_exit: ExitCallback) -> Runtime:
         s = self.settings

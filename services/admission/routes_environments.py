@@ -20,7 +20,7 @@ from pydantic.alias_generators import to_camel
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.admission import store
+from services.admission import policy, ratelimit, store
 from services.admission.auth import Principal, authenticate
 from services.admission.routes_queues import check_submit as check_queue
 from shared.events import RETURNED, CommandAction, Connection, JobCommand, JobState
@@ -156,11 +156,13 @@ async def request_environment(
     """Request an interactive GPU environment: queued like any job of the caller's
     tenant; ``GET /v1/environments/{id}`` gives its connection once it runs."""
     engine: AsyncEngine = request.app.state.engine
+    await ratelimit.check_submit(engine, request.app.state.settings, caller.tenant)
     try:
         spec = body.to_spec()
     except ValidationError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
                             detail=_validation_detail(exc)) from exc
+    await policy.check_submit(request.app, spec)
     await check_queue(engine, spec.queue, caller)  # an open queue the caller may use
     row, created = await store.insert_job(engine, spec, caller.tenant, caller.user,
                                           idempotency_key)

@@ -46,8 +46,11 @@ DEFAULT_PLUGINS: tuple[PluginSpec, ...] = (
     # class and user priority tiers, and within a tier the shortest expected work first
     # (srpt). The starvation bound is a safety net, not a scheduling tool: under
     # overload a short bound turns the queue into FIFO among the starved (measured on
-    # Philly: 4 h to 3 days all cascade), so it is two weeks here.
-    _spec("priority", aging_per_hour=0.0, starvation_bound_s=14 * 86400.0),
+    # Philly: 4 h to 3 days all cascade), so it is two weeks here; and under sustained
+    # overload, where no fixed bound can be kept, it stretches to the time the cluster
+    # needs to clear its backlog (Muri trace1: 3,069 h average JCT with the fixed bound,
+    # 1,181 h with this).
+    _spec("priority", aging_per_hour=0.0, starvation_bound_s=14 * 86400.0, backlog_factor=1.0),
     _spec("srpt"),
     _spec("fairshare"),
     _spec("nodeaffinity"),

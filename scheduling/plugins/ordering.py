@@ -19,6 +19,8 @@ from scheduling.framework import Cycle, JobInfo, Plugin, register
 from scheduling.model import JobRequest, PreemptReason
 from scheduling.state import BoolArray, FloatArray
 
+UNKNOWN_S = 3600.0  # expected run time of a job with no estimate that has not run yet
+
 
 class PriorityArgs(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -28,6 +30,8 @@ class PriorityArgs(BaseModel):
     user_weight: float = Field(0.4, ge=0, description="points per unit of user priority")
     aging_per_hour: float = Field(50.0, ge=0, description="points gained per hour waited")
     starvation_bound_s: float = Field(4 * 3600.0, gt=0, description="wait after which a job goes first")
+    backlog_factor: float = Field(0.0, ge=0, description=">0: under overload the bound stretches to this "
+                                  "many times the time the cluster needs to clear its backlog")
     parallelism_weight: float = Field(0.0, description="points per log2(1 + GPUs); <0 favours small")
     role_order: list[str] = Field(
         default_factory=lambda: ["chief", "master", "ps", "scheduler", "worker", "evaluator"]
@@ -63,13 +67,35 @@ class Priority(Plugin):
         cycle.role_rank = {r: i for i, r in enumerate(self.args.role_order)}
         cycle.starvation_bound_s = self.args.starvation_bound_s
 
+    def bound(self, cycle: Cycle) -> float:
+        """The starvation bound this cycle. Under sustained overload no fixed bound can
+        be kept (the backlog grows without end) and keeping it anyway turns the queue
+        into FIFO; so the promise becomes: no job waits past ``backlog_factor`` times the
+        time the whole cluster needs to clear the work queued and running now."""
+        a = self.args
+        if a.backlog_factor <= 0 or cycle.capacity.gpu <= 0:
+            return a.starvation_bound_s
+        c = cycle.cols
+        gpus = c[jc.GPUS]
+        done = np.where(gpus > 0, c[jc.ATTAINED] / np.maximum(gpus, 1e-9), 0.0)
+        work = float((expected_left(c[jc.ESTIMATE], done, UNKNOWN_S, 1.0) * gpus).sum())
+        if cycle.running:
+            rt = cycle.runs()
+            ran = (cycle.now - rt.start) + np.where(rt.gpus > 0, rt.attained / np.maximum(rt.gpus, 1e-9), 0.0)
+            est = np.where(np.isinf(rt.estimate), np.nan, rt.estimate)
+            work += float((expected_left(est, ran, UNKNOWN_S, 1.0) * rt.gpus).sum())
+        drain = work / cycle.capacity.gpu
+        bound = max(a.starvation_bound_s, a.backlog_factor * drain)
+        cycle.starvation_bound_s = bound
+        return bound
+
     def order_keys(self, cycle: Cycle, jobs: Sequence[JobInfo]) -> list[FloatArray]:
         a = self.args
         c = cycle.cols
         submit = c[jc.SUBMIT]
         wait = waited(cycle)
         prio = c[jc.STATIC] + a.aging_per_hour * wait / 3600.0 + a.parallelism_weight * np.log2(1.0 + c[jc.GPUS])
-        starved = wait >= a.starvation_bound_s
+        starved = wait >= self.bound(cycle)
         cycle.job_priority, cycle.job_starved = prio, starved  # the scheduler copies them to JobInfo
         # starved jobs go oldest first, the rest by combined priority
         return [np.where(starved, 0.0, 1.0), np.where(starved, submit, -prio)]
@@ -149,7 +175,7 @@ class Srtf(Plugin):
 class SrptArgs(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     by: Literal["gpu_time", "time"] = Field("gpu_time", description="rank by GPU-seconds or seconds left")
-    unknown_s: float = Field(3600.0, ge=0, description="expected run time of a job with no estimate "
+    unknown_s: float = Field(UNKNOWN_S, ge=0, description="expected run time of a job with no estimate "
                              "that has not run (then: as long as it has run, like LAS)")
     overrun: float = Field(1.0, ge=0, description="a job past its estimate is expected to run this "
                            "many times as long again")

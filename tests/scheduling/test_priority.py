@@ -82,3 +82,35 @@ def test_preferred_affinity_is_a_score_not_a_filter(rules, worker_node) -> None:
     # the ps fills n1; bin-packing alone puts the worker on the fuller n0, affinity by rack on n2
     plan = w.submit(job("j").named("ps").gpus(8).task("worker").gpus(1).affinity(*rules)).step()
     assert bound(plan)["j"] == ["n1", worker_node]
+
+
+def _starved_order(hours: float, backlog_factor: float) -> list[str]:
+    """'old' (low class) has waited 100 s against a 50 s bound; both jobs are expected
+    to run ``hours`` on the one 8-GPU node."""
+    jobs = [job("old").klass("low").gpus(8).submit(0).estimate(hours * 3600),
+            job("u").klass("urgent").gpus(8).submit(99).estimate(hours * 3600)]
+    return [j.job_id for j in order(jobs, 100, starvation_bound_s=50.0, backlog_factor=backlog_factor)]
+
+
+def test_backlog_factor_keeps_the_fixed_bound_while_the_backlog_is_short() -> None:
+    # backlog: 2 jobs x 8 GPUs x 5 s on 8 GPUs = 10 s < 50 s: the fixed bound holds
+    assert _starved_order(5 / 3600, backlog_factor=1.0) == ["old", "u"]
+
+
+def test_backlog_factor_stretches_the_bound_under_overload() -> None:
+    # backlog: 2 x 10 h of the whole node = 20 h >> 50 s: no fixed bound can be kept, so
+    # 'old' is not starved yet and class order holds
+    assert _starved_order(10, backlog_factor=1.0) == ["u", "old"]
+    assert _starved_order(10, backlog_factor=0.0) == ["old", "u"]  # off: the fixed bound
+
+
+def test_backlog_bound_counts_running_work() -> None:
+    w = World(cluster(1), Scheduler(config("gang", ("priority", {"starvation_bound_s": 50.0,
+                                                                 "backlog_factor": 1.0}), "binpack")),
+              now=100)
+    w.start(job("r").gpus(8).estimate(10 * 3600), n0=list(range(8)))  # 10 h of the node left
+    w.submit(job("old").klass("low").gpus(1).submit(0).estimate(5),
+             job("u").klass("urgent").gpus(1).submit(99).estimate(5))
+    assert [j.job_id for j in w.scheduler.order(w.snapshot())] == ["u", "old"]
+    w.finish("r")
+    assert [j.job_id for j in w.scheduler.order(w.snapshot())] == ["old", "u"]

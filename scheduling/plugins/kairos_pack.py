@@ -33,7 +33,7 @@ from pydantic import BaseModel, Field
 
 from scheduling.framework import Cycle, Placing, register
 from scheduling.plugins.fgd import Fgd, FgdArgs, _Type
-from scheduling.state import FloatArray, IntArray
+from scheduling.state import ClusterState, FloatArray, IntArray
 
 
 class KairosPackArgs(FgdArgs):
@@ -93,11 +93,27 @@ class KairosPack(Fgd):
         v = self.values
         return self.args.hole_weight * (v[after_pct] - v[before_pct]) / 100.0
 
+    def _live(self, st: ClusterState) -> FloatArray:
+        """Live free GPUs per node (whole GPUs and holes of at least ``dead_hole_pct``),
+        kept on the state and caught up with the nodes changed since the last call."""
+        dead = self.args.dead_hole_pct
+        ent = st.cache.get("kairos.live")
+        if ent is None:
+            g = st.gcmp_free
+            ent = st.cache["kairos.live"] = [np.where(g >= dead, g, 0).sum(axis=1) / 100.0, len(st.dirty)]
+        else:
+            rows, ent[1] = st.changed_since(ent[1])
+            if rows:
+                r = np.asarray(rows)
+                g = st.gcmp_free[r]
+                ent[0][r] = np.where(g >= dead, g, 0).sum(axis=1) / 100.0
+        live: FloatArray = ent[0]
+        return live
+
     def stranding(self, p: Placing, cand: IntArray) -> FloatArray:
         """Increase of the GPUs left without CPU on each candidate node."""
         t, st = p.task, p.state
-        g = st.gcmp_free[cand]
-        live = np.where(g >= self.args.dead_hole_pct, g, 0).sum(axis=1) / 100.0
+        live = self._live(st)[cand]
         after = live - (t.gpu if t.gpu else t.gpu_compute_pct / 100.0)
         cpu = st.cpu_free[cand].astype(np.float64)
         s0 = np.maximum(0.0, live - cpu / self.r)

@@ -29,7 +29,7 @@ ERROR = {
         {"type": "string"}, {"type": "array", "items": {"$ref": "#/components/schemas/FieldError"}}]}},
 }
 _WHY = {
-    "400": "the body is not valid JSON or YAML",
+    "400": "the body does not parse (JSON, or YAML where accepted)",
     "401": "no token, or an unknown, expired or revoked one",
     "403": "the token's role or tenant may not do this",
     "404": "no such object, or another tenant's",
@@ -47,8 +47,10 @@ def _codes(path: str, method: str, op: dict[str, Any]) -> list[str]:
         codes.append("404")
     if method in ("post", "put", "patch", "delete"):
         codes.append("409")
+    if "requestBody" in op:
+        codes.append("400")  # a body that does not parse
     if path == "/v1/jobs" and method == "post":
-        codes += ["400", "429"]
+        codes.append("429")
     return codes
 
 
@@ -63,6 +65,10 @@ def document(schema: dict[str, Any]) -> dict[str, Any]:
             for code in codes if codes else (["422"] if "422" in responses else []):
                 responses[code] = {"description": _WHY[code],
                                    "content": {"application/json": {"schema": ref}}}
+            params = {p.get("name", "").lower() for p in op.get("parameters", [])}
+            if "idempotency-key" in params and "201" in responses and "200" not in responses:
+                responses["200"] = {**responses["201"], "description": (
+                    "a retry with the same Idempotency-Key: what the first request created")}
             if "429" in responses:
                 responses["429"]["headers"] = {"Retry-After": {
                     "description": "seconds to wait", "schema": {"type": "integer"}}}

@@ -5,16 +5,19 @@ code), and GET /v1/usage sums GPU-hours per tenant and queue inside a range."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from alembic import command
 from sqlalchemy import text
 from typer.testing import CliRunner
 
 from kairos.cli import app
 from services.admission.usage import replica_gpus, task_name
+from shared.db import _alembic_config, make_engine, migrate
 from shared.events import JobState
 from tests.services.gateway_helpers import Gateway, auth, gateway
 
@@ -183,3 +186,48 @@ async def test_kairos_usage_prints_gpu_hours_per_tenant_and_queue(gw: Gateway) -
     assert code == 2 and "neither an ISO time nor a duration" in out
     code, out = await asyncio.to_thread(cli, "usage", "--tenant", "nlp")
     assert code == 1 and "error 403: this token sees only tenant vision's usage" in out
+
+
+async def test_the_migration_rebuilds_runs_from_the_recorded_history(db_url: str) -> None:
+    """Runs recorded before migration 0004 come back from job_events: ended by the task's
+    own report or by the job moving past them, open while still running."""
+    def downgrade_to_0003(conn: Any) -> None:
+        cfg = _alembic_config()
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0003")
+
+    engine = make_engine(db_url, pool_size=1)
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(downgrade_to_0003)
+        tasks = [{"name": "w", "replicas": 2, "resources": {"gpu": 2}},
+                 {"name": "nb", "resources": {"gpuCompute": 50, "gpuMemory": 1024}}]
+        async with engine.begin() as conn:
+            await conn.execute(text(
+                """INSERT INTO jobs (id, name, queue, tenant, "user", spec, state, attempt,
+                       submitted_at, updated_at)
+                   VALUES ('j1', 'a', 'research', 'vision', 'u', CAST(:s AS jsonb),
+                           'running', 2, :t, :t)"""),
+                {"s": json.dumps({"name": "a", "tasks": tasks}), "t": at(0)})
+            history = [("running", "w-0", 1, 0), ("running", "w-1", 1, 0),
+                       ("running", "nb-0", 1, 0), ("failed", "w-0", 1, 1),
+                       ("admitted", None, 2, 1.5),  # the job's attempt 2: w-1, nb-0 end
+                       ("running", "w-0", 2, 2), ("succeeded", "w-0", 2, 3),
+                       ("running", "w-1", 2, 2)]  # still running
+            for i, (state, task, attempt, hours) in enumerate(history):
+                await conn.execute(text(
+                    """INSERT INTO job_events (event_id, job_id, state, attempt, task,
+                           occurred_at) VALUES (:e, 'j1', :s, :a, :t, :o)"""),
+                    {"e": f"e{i}", "s": state, "a": attempt, "t": task, "o": at(hours)})
+        await migrate(engine)
+        async with engine.connect() as conn:
+            runs = {(r.task_id, r.attempt): (r.gpus, r.shared, r.started_at, r.ended_at)
+                    for r in await conn.execute(text(
+                        "SELECT * FROM task_runs WHERE tenant = 'vision' AND queue = 'research'"))}
+    finally:
+        await engine.dispose()
+    assert runs == {("w-0", 1): (2.0, False, at(0), at(1)),
+                    ("w-1", 1): (2.0, False, at(0), at(1.5)),
+                    ("nb-0", 1): (0.5, True, at(0), at(1.5)),
+                    ("w-0", 2): (2.0, False, at(2), at(3)),
+                    ("w-1", 2): (2.0, False, at(2), None)}

@@ -12,7 +12,8 @@ written in order by one consumer, so a per-job ``seq`` cursor misses nothing.
 
 Events: ``status`` (``id`` is the event's seq: a client that reconnects with
 ``Last-Event-ID`` resumes after it), then one ``end`` with the final state. A comment
-line every ``stream_keepalive_s`` keeps proxies from closing an idle stream.
+line every ``stream_keepalive_s`` keeps proxies from closing an idle stream. A stream
+open ``stream_max_s`` is closed without ``end``: the client reconnects and resumes.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -186,9 +188,14 @@ async def job_events(
                     yield _status(row)
                 if final is None and ending:  # it ended while we read
                     final = await _ended(engine, job_id)
+                close_at = time.monotonic() + settings.stream_max_s
                 while final is None:
+                    left = close_at - time.monotonic()
+                    if left <= 0:
+                        return  # no `end`: the client resumes with Last-Event-ID
                     try:
-                        row = await asyncio.wait_for(queue.get(), settings.stream_keepalive_s)
+                        row = await asyncio.wait_for(
+                            queue.get(), min(settings.stream_keepalive_s, left))
                     except TimeoutError:
                         yield b": keep-alive\n\n"
                         continue

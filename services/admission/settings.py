@@ -29,3 +29,6 @@ class AdmissionSettings(CommonSettings):
     # replica per interval, whatever the number of watchers), and between keep-alives
     stream_poll_s: float = Field(default=0.25, gt=0)
     stream_keepalive_s: float = Field(default=15.0, gt=0)
+    # a stream open this long is closed without `end`; the client reconnects with
+    # Last-Event-ID (SSE), so long watches spread again over the replicas
+    stream_max_s: float = Field(default=3600.0, gt=0)

@@ -203,3 +203,26 @@ async def test_kairos_watch_follows_live_and_exits_with_the_outcome(gw: Gateway)
     assert code == 5 and "cancelled" in out
     code, out = await asyncio.to_thread(cli, gw, await gw.token("nlp"), "watch", job)
     assert code == 1 and f"error 404: no job {job}" in out
+
+
+async def test_a_stream_closed_by_the_server_is_resumed_by_kairos_watch(db_url: str) -> None:
+    """Streams are closed after stream_max_s (so long watches spread over replicas);
+    `kairos watch` reconnects with Last-Event-ID and shows each change once."""
+    async with gateway(db_url, stream_poll_s=0.05, stream_max_s=0.3) as gw:
+        token = await gw.token("vision")
+        job = await gw.submit(token)
+        r = await gw.http.get(f"/v1/jobs/{job}/events", headers=auth(token))
+        assert r.status_code == 200 and [e["event"] for e in sse(r.text)] == ["status"]
+
+        watching = asyncio.create_task(asyncio.to_thread(cli, gw, token, "watch", job))
+        for state, task in ((JobState.ADMITTED, None), (JobState.RUNNING, "w-0"),
+                            (JobState.RUNNING, None), (JobState.SUCCEEDED, "w-0")):
+            await asyncio.sleep(0.5)  # longer than a stream lives: the CLI reconnects
+            await gw.status(job, state, task=task)
+        await asyncio.sleep(0.5)
+        await gw.status(job, JobState.SUCCEEDED)
+        code, out = await asyncio.wait_for(watching, 30)
+    assert code == 0, out
+    assert [ln.split()[1:3] for ln in out.splitlines()] == [
+        ["job", "pending"], ["job", "admitted"], ["w-0", "running"], ["job", "running"],
+        ["w-0", "succeeded"], ["job", "succeeded"], [job, "succeeded"]]

@@ -104,3 +104,27 @@ def series_names(catalogue: dict[str, CatalogueEntry]) -> dict[str, CatalogueEnt
 @pytest.fixture(scope="session")
 def catalogue() -> dict[str, CatalogueEntry]:
     return load_catalogue()
+
+
+# --- shipped queue trees ----------------------------------------------------------------------
+
+# What compose and the chart used to ship: one queue in a cohort with nothing to lend, which
+# capped the whole cluster at 16 GPUs (8 in the chart) whatever its size.
+OLD_CAPPED_QUEUES = {
+    "cohorts": [{"name": "cluster"}],
+    "queues": [{"name": "default", "cohort": "cluster", "guaranteed": {"gpus": 16},
+                "borrowing_limit": {"gpus": 16}}],
+}
+
+
+def admits(queues: object, queue: str, gpus: float, used_gpus: float = 0.0) -> bool:
+    """Whether queueing's quota check (services/queueing/quota.py, the code queueing runs)
+    admits a job of ``gpus`` GPUs (16 cores and 64 GiB each) into ``queue`` of the queue
+    file ``queues`` while ``used_gpus`` are already admitted there. The file is validated
+    first with services.queueing.config.parse_queues, as queueing does at start."""
+    from services.queueing.config import parse_queues
+    from services.queueing.quota import QueueTree, QuotaState
+
+    _, specs = parse_queues(queues)
+    state = QuotaState(QueueTree(specs), {queue: (used_gpus, used_gpus * 16_000, used_gpus * 65_536)})
+    return state.check(queue, (gpus, gpus * 16_000.0, gpus * 65_536.0)).admitted

@@ -12,7 +12,7 @@ import check_jsonschema
 import pytest
 import yaml
 
-from .conftest import ROOT, SERVICES, run, tool
+from .conftest import OLD_CAPPED_QUEUES, ROOT, SERVICES, admits, run, tool
 
 COMPOSE = ROOT / "docker-compose.yml"
 SCALABLE = set(SERVICES)
@@ -118,10 +118,19 @@ def test_kairos_services_follow_the_contract(compose) -> None:
         compose["services"]["scheduler"]["environment"]["KAIROS_POLICY_FILE"]
         == "/etc/kairos/policy.yaml"
     )
-    for name in ("scheduler", "queueing"):
-        assert (
-            compose["services"][name]["environment"]["KAIROS_QUEUES_FILE"]
-            == "/etc/kairos/queues.yaml"
+    # queueing alone reads the queue tree (services/queueing/main.py)
+    assert (
+        compose["services"]["queueing"]["environment"]["KAIROS_QUEUES_FILE"]
+        == "/etc/kairos/queues.yaml"
+    )
+    assert {"source": "kairos-queues", "target": "/etc/kairos/queues.yaml"} in compose[
+        "services"
+    ]["queueing"]["configs"]
+    assert "KAIROS_QUEUES_FILE" not in compose["services"]["scheduler"]["environment"]
+    # the gateway -> agent log proxy token: optional, and the same variable on both sides
+    for name in ("admission", "node-agent"):
+        assert compose["services"][name]["environment"]["KAIROS_AGENT_TOKEN"] == (
+            "${KAIROS_AGENT_TOKEN:-}"
         )
 
 
@@ -168,3 +177,33 @@ def test_the_compose_policy_is_one_the_scheduler_loads(compose: dict[str, Any]) 
 
     config = SchedulerConfig.from_yaml(compose["configs"]["kairos-policy"]["content"])
     assert [p.name for p in config.plugins][:2] == ["gang", "priority"]
+
+
+def test_the_compose_queues_do_not_cap_the_cluster(compose: dict[str, Any]) -> None:
+    """The shipped queue tree is valid for queueing and lets a job use any number of GPUs
+    (the cluster's size is the only limit: compose scales node agents freely)."""
+    queues = yaml.safe_load(compose["configs"]["kairos-queues"]["content"])
+    names = {q["name"] for q in queues["queues"]}
+    assert "default" in names  # jobs that name no queue go there
+    assert admits(queues, "default", 64)
+    assert admits(queues, "default", 512, used_gpus=1024)
+    # what compose shipped before refuses past its 16 GPUs: the check above bites
+    assert admits(OLD_CAPPED_QUEUES, "default", 16)
+    assert not admits(OLD_CAPPED_QUEUES, "default", 17)
+
+
+def test_the_commented_team_quota_sketch_is_a_valid_tree(compose: dict[str, Any]) -> None:
+    """Uncommented, the team-quota sketch in the compose queues is a queue file queueing
+    accepts, and its vision queue borrows the default queue's unused guarantee."""
+    content = compose["configs"]["kairos-queues"]["content"]
+    sketch = content.split("# Team quotas", 1)[1].split("\n", 1)[1]
+    lines = [line.removeprefix("# ") for line in sketch.splitlines() if line.startswith("# ")]
+    queues = yaml.safe_load("\n".join(lines))
+    assert admits(queues, "vision", 24)  # 16 guaranteed + 8 borrowed
+    assert not admits(queues, "vision", 25)  # past its borrowing limit
+
+
+def test_the_example_queue_file_parses() -> None:
+    """examples/config/queues.yaml, which the shipped configs point to for team quotas."""
+    queues = yaml.safe_load((ROOT / "examples" / "config" / "queues.yaml").read_text())
+    assert admits(queues, "vision-train", 12)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from .conftest import CHART, ONE_SHOT_MODULES, ROOT, SERVICES
+from .conftest import CHART, OLD_CAPPED_QUEUES, ONE_SHOT_MODULES, ROOT, SERVICES, admits
 
 SCHEMAS = Path(__file__).parent / "schemas"
 CRD_SCHEMAS = {
@@ -39,7 +40,7 @@ FULL = {
 }
 EXISTING = {
     "database": {"existingSecret": "pg-credentials", "existingSecretKey": "url"},
-    "auth": {"existingSecret": "api-token"},
+    "auth": {"existingSecret": "api-token", "agentToken": {"existingSecret": "agent-token"}},
     "kafka": {"bootstrap": "broker-0.kafka:9092,broker-1.kafka:9092"},
     "nodeAgent": {"nvml": {"mode": "hostPath"}, "podNamespace": "training"},
 }
@@ -193,7 +194,32 @@ def test_node_agent_daemonset_on_gpu_nodes(rendered) -> None:
     env = env_of(c)
     assert env["KAIROS_NODE_ID"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["KAIROS_NODE_RUNTIME"] == "kubernetes"
+    # the node's address is the host's; the agent (not on the host network) is reached at
+    # its pod IP, a variable defined before the one that refers to it
+    assert env["KAIROS_NODE_ADDRESS"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
+    assert env["KAIROS_POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["KAIROS_AGENT_URL"] == "http://$(KAIROS_POD_IP):8080"
+    names = [e["name"] for e in c["env"]]
+    assert names.index("KAIROS_POD_IP") < names.index("KAIROS_AGENT_URL")
+    assert "hostNetwork" not in spec
+    # the share watchdog maps NVML's host pids to pods through /proc
+    assert spec["hostPID"] is True
+    # MPS: its pipe and log directories live under the state dir, a hostPath mounted at
+    # its own path, so the pipe path the agent hands job pods exists on the host; the
+    # server shares the host IPC namespace with its clients
+    state_dir = "/var/lib/kairos-agent"
+    assert env["KAIROS_STATE_DIR"] == state_dir
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["state"]["hostPath"]["path"] == state_dir
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert mounts["state"] == state_dir
+    assert spec["hostIPC"] is True
+    assert env["KAIROS_MPS_ENABLED"] == "true"
+    # the log-proxy token: the same Secret key as admission's
+    adm = by_kind(docs, "Deployment")[f"{RELEASE}-admission"]["spec"]["template"]["spec"]
+    assert env["KAIROS_AGENT_TOKEN"]["secretKeyRef"] == env_of(adm["containers"][0])[
+        "KAIROS_AGENT_TOKEN"
+    ]["secretKeyRef"]
     if variant == "existing-secrets+hostpath":
         assert c["securityContext"]["privileged"] is True
         assert mounts["dev"] == "/dev"
@@ -202,8 +228,34 @@ def test_node_agent_daemonset_on_gpu_nodes(rendered) -> None:
     else:
         assert spec["runtimeClassName"] == "nvidia"
         assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+        # compute: the NVIDIA runtime then brings nvidia-cuda-mps-control
+        assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
         assert not c["securityContext"].get("privileged")
         assert spec["securityContext"]["runAsNonRoot"] is True
+
+
+def test_node_agent_options_mps_off_no_token_and_agent_url() -> None:
+    docs = render({
+        "nodeAgent": {"mps": {"enabled": False}, "agentUrl": "http://[$(KAIROS_POD_IP)]:8080",
+                      "stateDir": "/data/kairos"},
+        "auth": {"agentToken": {"enabled": False}},
+        "simulatedNodes": {"enabled": True},
+    })
+    spec = by_kind(docs, "DaemonSet")[f"{RELEASE}-node-agent"]["spec"]["template"]["spec"]
+    env = env_of(spec["containers"][0])
+    assert "hostIPC" not in spec
+    assert spec["hostPID"] is True
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    assert env["KAIROS_MPS_ENABLED"] == "false"
+    assert env["KAIROS_AGENT_URL"] == "http://[$(KAIROS_POD_IP)]:8080"
+    assert env["KAIROS_STATE_DIR"] == "/data/kairos"
+    assert {"name": "state", "mountPath": "/data/kairos"} in spec["containers"][0]["volumeMounts"]
+    workloads = [*by_kind(docs, "Deployment").values(), *by_kind(docs, "DaemonSet").values()]
+    for w in workloads:
+        assert "KAIROS_AGENT_TOKEN" not in env_of(w["spec"]["template"]["spec"]["containers"][0])
+    assert set(by_kind(docs, "Secret")[RELEASE]["data"]) == {"dev-token", "database-url"}
+    for doc in docs:
+        validate(doc, KUBE_VERSIONS[-1])
 
 
 def test_simulated_nodes_deployment_when_enabled() -> None:
@@ -213,6 +265,7 @@ def test_simulated_nodes_deployment_when_enabled() -> None:
     assert env["KAIROS_NODE_RUNTIME"] == "simulated"
     assert env["KAIROS_SIM_NODES"] == "4"
     assert env["KAIROS_SIM_GPUS_PER_NODE"] == "8"
+    assert env["KAIROS_AGENT_TOKEN"]["secretKeyRef"] == {"name": RELEASE, "key": "agent-token"}
     assert f"{RELEASE}-node-agent-simulated" not in by_kind(render(None), "Deployment")
 
 
@@ -247,19 +300,35 @@ def test_config_maps_hold_policy_and_queues(rendered) -> None:
 
     assert SchedulerConfig.from_yaml(cm["data"]["policy.yaml"]).plugins
     assert yaml.safe_load(cm["data"]["queues.yaml"]) == values["queues"]
-    sched = by_kind(docs, "Deployment")[f"{RELEASE}-scheduler"]["spec"]["template"]
-    assert "checksum/config" in sched["metadata"]["annotations"]
-    vols = {v["name"]: v for v in sched["spec"]["volumes"]}
-    assert vols["config"]["configMap"]["name"] == f"{RELEASE}-config"
+    # queueing validates it at start (a bad one stops it) and, with it, quota does not
+    # cap the cluster: a job far bigger than the old 8-GPU cap is admitted
+    queues = yaml.safe_load(cm["data"]["queues.yaml"])
+    assert "default" in {q["name"] for q in queues["queues"]}
+    assert admits(queues, "default", 64)
+    assert admits(queues, "default", 512, used_gpus=1024)
+    assert not admits(OLD_CAPPED_QUEUES, "default", 17)  # the check bites
+    deployments = by_kind(docs, "Deployment")
+    for name in ("scheduler", "queueing"):
+        tpl = deployments[f"{RELEASE}-{name}"]["spec"]["template"]
+        assert "checksum/config" in tpl["metadata"]["annotations"]
+        vols = {v["name"]: v for v in tpl["spec"]["volumes"]}
+        assert vols["config"]["configMap"]["name"] == f"{RELEASE}-config"
+    queueing = deployments[f"{RELEASE}-queueing"]["spec"]["template"]["spec"]["containers"][0]
+    assert env_of(queueing)["KAIROS_QUEUES_FILE"] == "/etc/kairos/queues.yaml"
+    assert {"name": "config", "mountPath": "/etc/kairos", "readOnly": True} in queueing[
+        "volumeMounts"
+    ]
 
 
 def test_secrets_and_existing_secret_options() -> None:
     docs = render(None)
     secret = by_kind(docs, "Secret")[RELEASE]
-    assert set(secret["data"]) == {"dev-token", "database-url"}
+    assert set(secret["data"]) == {"dev-token", "agent-token", "database-url"}
     import base64
 
     assert len(base64.b64decode(secret["data"]["dev-token"])) >= 32  # generated, not a placeholder
+    assert len(base64.b64decode(secret["data"]["agent-token"])) >= 32
+    assert secret["data"]["agent-token"] != secret["data"]["dev-token"]
     url = base64.b64decode(secret["data"]["database-url"]).decode()
     assert url.startswith("postgresql+asyncpg://")
     assert ":" not in url.split("//")[1].split("@")[0]
@@ -269,6 +338,7 @@ def test_secrets_and_existing_secret_options() -> None:
     adm = by_kind(docs, "Deployment")[f"{RELEASE}-admission"]
     env = env_of(adm["spec"]["template"]["spec"]["containers"][0])
     assert env["KAIROS_DEV_TOKEN"]["secretKeyRef"] == {"name": "api-token", "key": "dev-token"}
+    assert env["KAIROS_AGENT_TOKEN"]["secretKeyRef"] == {"name": "agent-token", "key": "agent-token"}
     assert env["KAIROS_DATABASE_URL"]["secretKeyRef"] == {"name": "pg-credentials", "key": "url"}
     assert env["KAIROS_KAFKA_BOOTSTRAP"] == "broker-0.kafka:9092,broker-1.kafka:9092"
 
@@ -290,7 +360,7 @@ def test_no_secret_values_in_plain_env(rendered) -> None:
     ]:
         for c in w["spec"]["template"]["spec"]["containers"]:
             env = env_of(c)
-            for key in ("KAIROS_DATABASE_URL", "KAIROS_DEV_TOKEN", "PGPASSWORD"):
+            for key in ("KAIROS_DATABASE_URL", "KAIROS_DEV_TOKEN", "KAIROS_AGENT_TOKEN", "PGPASSWORD"):
                 if key in env:
                     assert isinstance(env[key], dict), key
                     assert "secretKeyRef" in env[key], key
@@ -309,27 +379,63 @@ def rules_of(docs: list[dict[str, Any]], kind: str, name: str) -> dict[tuple[str
     }
 
 
+KUBERNETES_RUNTIME = ROOT / "services" / "node_agent" / "runtimes" / "kubernetes.py"
+# kubernetes client method verb -> RBAC verb
+CLIENT_VERBS = {"create": "create", "read": "get", "list": "list", "patch": "patch",
+                "replace": "update", "delete": "delete", "watch": "watch"}
+
+
+def runtime_api_calls() -> dict[tuple[str, str], set[str]]:
+    """(API group, resource) -> verbs of every CoreV1Api call the agent's Kubernetes
+    runtime makes, read from its source: `_call("read_namespaced_pod", ...)` and direct
+    `self._api.read_namespaced_pod_log(...)` (a subresource: pods/log)."""
+    source = KUBERNETES_RUNTIME.read_text()
+    methods = set(re.findall(r'_call\(\s*"(\w+)"', source))
+    methods |= set(re.findall(r"self\._api\.(\w+)\(", source))
+    calls: dict[tuple[str, str], set[str]] = {}
+    for method in methods:
+        m = re.fullmatch(r"(create|read|list|patch|replace|delete|watch)_namespaced_(\w+)", method)
+        assert m, f"{method}: not a namespaced CoreV1Api call; grant it in rbac.yaml and here"
+        kind, _, sub = m[2].partition("_")
+        resource = f"{kind}s/{sub}" if sub else f"{kind}s"
+        calls.setdefault(("", resource), set()).add(CLIENT_VERBS[m[1]])
+    return calls
+
+
 def test_rbac_for_agent_and_scheduler() -> None:
+    """The agent's Role grants exactly the calls its Kubernetes runtime makes; nothing else
+    in Kairos calls the API server, so nothing else gets RBAC or an API token."""
+    calls = runtime_api_calls()
+    assert calls[("", "pods")] >= {"create", "get", "list", "patch", "delete"}  # sanity
+    assert calls[("", "pods/log")] == {"get"}
+    for variant in (None, EXISTING):
+        docs = render(variant)
+        assert rules_of(docs, "Role", f"{RELEASE}-node-agent") == calls
+        # the scheduler's leader lock and the monitor's election are PostgreSQL locks
+        assert set(by_kind(docs, "Role")) == {f"{RELEASE}-node-agent"}
+        assert not by_kind(docs, "ClusterRole")
+        assert not by_kind(docs, "ClusterRoleBinding")
+        (binding,) = by_kind(docs, "RoleBinding").values()
+        assert binding["roleRef"]["name"] == f"{RELEASE}-node-agent"
+        (subject,) = binding["subjects"]
+        assert subject == {"kind": "ServiceAccount", "name": f"{RELEASE}-node-agent",
+                           "namespace": NAMESPACE}
+        sas = by_kind(docs, "ServiceAccount")
+        assert {n for n, sa in sas.items() if sa["automountServiceAccountToken"]} == {
+            f"{RELEASE}-node-agent"}
+        ds = by_kind(docs, "DaemonSet")[f"{RELEASE}-node-agent"]["spec"]["template"]["spec"]
+        assert ds["serviceAccountName"] == f"{RELEASE}-node-agent"
+        assert ds["automountServiceAccountToken"] is True
+        # services that do not call the API get no token
+        for name, d in by_kind(docs, "Deployment").items():
+            assert d["spec"]["template"]["spec"]["automountServiceAccountToken"] is False, name
     docs = render(EXISTING)
-    agent = rules_of(docs, "Role", f"{RELEASE}-node-agent")
-    assert {"create", "get", "list", "watch", "delete"} <= agent[("", "pods")]
     assert by_kind(docs, "Role")[f"{RELEASE}-node-agent"]["metadata"]["namespace"] == "training"
-    assert rules_of(docs, "ClusterRole", f"{RELEASE}-node-agent") == {("", "nodes"): {"get"}}
-    sched = rules_of(docs, "Role", f"{RELEASE}-scheduler")
-    assert {"get", "create", "update"} <= sched[("coordination.k8s.io", "leases")]
-    assert {"get", "list"} <= rules_of(docs, "ClusterRole", f"{RELEASE}-scheduler")[("", "nodes")]
-    # Bindings point at the service accounts the workloads use.
-    sas = by_kind(docs, "ServiceAccount")
-    for kind in ("RoleBinding", "ClusterRoleBinding"):
-        for b in by_kind(docs, kind).values():
-            (subject,) = b["subjects"]
-            assert subject["name"] in sas
-            assert subject["namespace"] == NAMESPACE
-    ds = by_kind(docs, "DaemonSet")[f"{RELEASE}-node-agent"]
-    assert ds["spec"]["template"]["spec"]["serviceAccountName"] == f"{RELEASE}-node-agent"
-    # Services that do not call the API get no token.
-    adm = by_kind(docs, "Deployment")[f"{RELEASE}-admission"]["spec"]["template"]["spec"]
-    assert adm["automountServiceAccountToken"] is False
+    assert by_kind(docs, "RoleBinding")[f"{RELEASE}-node-agent"]["metadata"]["namespace"] == (
+        "training")
+    sched = by_kind(docs, "Deployment")[f"{RELEASE}-scheduler"]["spec"]["template"]["spec"]
+    env = env_of(sched["containers"][0])
+    assert not {"KAIROS_POD_NAME", "KAIROS_POD_NAMESPACE", "KAIROS_QUEUES_FILE"} & set(env)
 
 
 # --- scaling and monitoring -------------------------------------------------------------------

@@ -141,3 +141,16 @@ readinessProbe:
 {{- define "kairos.configChecksums" -}}
 checksum/config: {{ include (print .Template.BasePath "/configmap.yaml") . | sha256sum }}
 {{- end }}
+
+{{/* KAIROS_AGENT_TOKEN for admission and the node agents, when auth.agentToken.enabled. */}}
+{{- define "kairos.agentTokenEnv" -}}
+{{- with .Values.auth.agentToken }}
+{{- if .enabled }}
+- name: KAIROS_AGENT_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ default (include "kairos.fullname" $) .existingSecret }}
+      key: {{ .existingSecretKey }}
+{{- end }}
+{{- end }}
+{{- end }}

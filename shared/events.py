@@ -123,6 +123,12 @@ class JobStatus(Event):
     connection: Connection | None = Field(
         default=None, description="running task of an interactive environment: where to "
         "connect")
+    ran_s: float | None = Field(
+        default=None, description="a task that ended (preempted, cancelled, ...): the "
+        "seconds it ran on its node, the work done")
+    checkpoint: str | None = Field(
+        default=None, description="a task that ended: the last checkpoint it recorded "
+        "(KAIROS_CHECKPOINT_FILE / the Pod's termination message), where known")
 
     def key(self) -> str:
         return self.job_id

@@ -9,6 +9,7 @@ kill) and starts the new ones; the job's other tasks are not touched.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ class TaskRecord:
     stop_reason: str = "stopped by scheduler"
     connection: Connection | None = None  # an interactive session's, once running
     timer: asyncio.Task[None] | None = None  # stops it at the spec's timeLimit
+    started: float | None = None  # monotonic clock at its start here (None: adopted)
 
 
 class NodeAgent:
@@ -164,17 +166,25 @@ class NodeAgent:
         key = f"{b.job_id}/{t.task_id}/{b.attempt}"
         if key in self._tasks or key in self._done:
             return  # a redelivered binding: started once already
-        env = {**t.env, **rendezvous_env(b, t)}
+        # a runtime that names its tasks (Kubernetes: each Pod's DNS name on the Pod
+        # network) gives the gang its addresses; others run on the node's address
+        peer_host = getattr(self.runtime, "peer_host", None)
+        host_of = None if peer_host is None else (
+            lambda rank: str(peer_host(b.job_id, b.attempt, rank)))
+        env = {**t.env, **rendezvous_env(b, t, host_of=host_of)}
         conn = None
         if b.interactive:  # a port for the session, passed as KAIROS_PORT
-            conn = allocate(self.inventory.runtime, self.inventory.address, key)
+            conn = allocate(self.inventory.runtime, self.inventory.address, key,
+                            host=host_of(t.rank) if host_of else "")
             env.update(session_env(conn))
         launch = TaskLaunch(
             job_id=b.job_id, task_id=t.task_id, attempt=b.attempt, image=t.image,
             command=tuple(t.command), env=env,
             gpus=tuple(GpuGrant(g.index, g.uuid, g.memory_mib, g.compute_pct) for g in t.gpus),
-            cpu_milli=t.cpu_milli, memory_mib=t.memory_mib, duration_s=b.duration_s)
-        self._tasks[launch.key] = rec = TaskRecord(launch, connection=conn)
+            cpu_milli=t.cpu_milli, memory_mib=t.memory_mib, duration_s=b.duration_s,
+            rank=t.rank)
+        self._tasks[launch.key] = rec = TaskRecord(launch, connection=conn,
+                                                   started=time.monotonic())
         try:
             await self.runtime.start(launch)
         except RuntimeStartError as exc:
@@ -233,7 +243,11 @@ class NodeAgent:
             state, reason = JobState.SUCCEEDED, ex.reason
         else:
             state, reason = JobState.FAILED, ex.reason
-        await self._report(rec.launch, state, reason, ex.exit_code, ex.message or None)
+        ran_s = ex.ran_s  # the work done: the runtime's figure, else this agent's clock
+        if ran_s is None and rec.started is not None:
+            ran_s = round(time.monotonic() - rec.started, 3)
+        await self._report(rec.launch, state, reason, ex.exit_code, ex.message or None,
+                           ran_s=ran_s, checkpoint=ex.checkpoint)
         await self.runtime.forget(ex.key)  # published: a restart need not report it again
 
     async def reconcile(self) -> int:
@@ -246,7 +260,8 @@ class NodeAgent:
             await self._publish(JobStatus(
                 job_id=job_id, state=state, reason=f"{ex.reason} while the agent was down",
                 attempt=int(attempt), exit_code=ex.exit_code, task=task_id,
-                node_id=self.node_id, message=ex.message or None), f"{state.value}-{ex.key}")
+                node_id=self.node_id, message=ex.message or None, ran_s=ex.ran_s,
+                checkpoint=ex.checkpoint), f"{state.value}-{ex.key}")
             await self.runtime.forget(ex.key)
         adopted = await self.runtime.running()
         for key in adopted:
@@ -286,11 +301,13 @@ class NodeAgent:
 
     async def _report(self, launch: TaskLaunch, state: JobState, reason: str,
                       exit_code: int | None = None, message: str | None = None,
-                      connection: Connection | None = None) -> None:
+                      connection: Connection | None = None, ran_s: float | None = None,
+                      checkpoint: str | None = None) -> None:
         await self._publish(JobStatus(
             job_id=launch.job_id, state=state, reason=reason, attempt=launch.attempt,
             exit_code=exit_code, task=launch.task_id, node_id=self.node_id, message=message,
-            connection=connection), f"{state.value}-{launch.key}")
+            connection=connection, ran_s=ran_s, checkpoint=checkpoint),
+            f"{state.value}-{launch.key}")
 
     def heartbeat(self) -> NodeHeartbeat:
         return NodeHeartbeat(node_id=self.node_id, running_tasks=len(self._tasks),

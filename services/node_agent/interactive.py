@@ -4,8 +4,10 @@ The agent allocates the port before the task starts, passes it as ``KAIROS_PORT`
 reports the connection with the task's ``running`` status:
 
 - local processes: a free TCP port of this host (the OS picks it; the task listens on it);
-- Kubernetes: the container port ``KAIROS_PORT`` of the task's Pod, named in ``service``
-  (the Pod's name, in the agent's namespace);
+- Kubernetes: the container port ``KAIROS_PORT`` of the task's Pod, on the Pod network:
+  ``host`` is the Pod's DNS name ``rank-0.<gang>.<namespace>.svc`` (the name every
+  gang's rendezvous uses) and ``service`` the gang's headless Service in front of it,
+  which lists the port as ``session`` (``kubectl port-forward svc/<service> <port>``);
 - simulated nodes: a port from a deterministic range; nothing listens (``simulated``).
 """
 
@@ -27,14 +29,17 @@ def free_port(host: str = "") -> int:
         return int(s.getsockname()[1])
 
 
-def allocate(runtime: str, address: str, key: str) -> Connection:
-    """Where the session of task ``key`` will listen, for the node's runtime."""
+def allocate(runtime: str, address: str, key: str, host: str = "") -> Connection:
+    """Where the session of task ``key`` will listen, for the node's runtime; ``host``:
+    the name the runtime gives the task (a Pod's DNS name), else the node's address."""
     if runtime == "process":
         return Connection(host=address, port=free_port())
     if runtime == "kubernetes":
-        from services.node_agent.runtimes.kubernetes import pod_name  # the client is heavy
+        from services.node_agent.runtimes.kubernetes import gang_service  # the client is heavy
 
-        return Connection(host=address, port=KUBERNETES_PORT, service=pod_name(key))
+        job_id, _, attempt = key.split("/")
+        return Connection(host=host or address, port=KUBERNETES_PORT,
+                          service=gang_service(job_id, int(attempt)))
     port = SIMULATED_BASE + zlib.crc32(key.encode()) % SIMULATED_SPAN
     return Connection(host=address, port=port, simulated=True)
 

@@ -60,7 +60,9 @@ class AgentHost:
                                            settings.sim_gpu_model, settings.sim_gpu_memory_mib)
                 self._add(name, devices, SimulatedRuntime)
         elif settings.node_runtime in ("process", "kubernetes"):
-            self._add(settings.node_id, real_devices(settings), self._real_runtime)
+            devices = real_devices(settings)
+            self._add(settings.node_id, devices,
+                      lambda on_exit: self._real_runtime(devices, on_exit))
         else:
             raise SystemExit(f"KAIROS_NODE_RUNTIME must be simulated, process or kubernetes, "
                              f"not {settings.node_runtime!r}")
@@ -90,17 +92,26 @@ class AgentHost:
                 host = "127.0.0.1"
         return f"http://{host}:{s.http_port}"
 
-    def _real_runtime(self, on_exit: ExitCallback) -> Runtime:
+    def _real_runtime(self, devices: DeviceBackend, on_exit: ExitCallback) -> Runtime:
+        """The node's runtime with its GPU-share isolation: the MPS control daemon where
+        enabled (``KAIROS_MPS_ENABLED``; it says itself when the binary is missing or will
+        not start, and shares then run on hints and the watchdog) and each GPU's memory,
+        so frameworks get a memory fraction of their share."""
+        from services.node_agent.isolation.mps import MpsDaemon
+
         s = self.settings
-        state = Path(s.state_dir or ".kairos/agent") / s.node_id
+        # absolute: under Kubernetes the MPS pipe directory is a hostPath of the job Pods
+        state = Path(s.state_dir or ".kairos/agent").resolve() / s.node_id
+        memory = {d.index: d.memory_mib for d in devices.devices()}
+        mps = MpsDaemon(state) if s.mps_enabled else None
         if s.node_runtime == "kubernetes":
             from services.node_agent.runtimes.kubernetes import KubernetesRuntime
 
-            return KubernetesRuntime.from_config(on_exit, s.node_id, namespace=s.pod_namespace)
-        from services.node_agent.isolation.mps import MpsDaemon
+            return KubernetesRuntime.from_config(on_exit, s.node_id, namespace=s.pod_namespace,
+                                                 mps=mps, device_memory_mib=memory)
         from services.node_agent.runtimes.local_process import LocalProcessRuntime
 
-        return LocalProcessRuntime(on_exit, state, mps=MpsDaemon(state))
+        return LocalProcessRuntime(on_exit, state, mps=mps, device_memory_mib=memory)
 
     async def publish(self, event: Event, event_id: str | None) -> None:
         await self.rt.producer.publish(event, event_id=event_id)

@@ -14,7 +14,7 @@ computes the same TF ports from the same cluster: a member without a port gets
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from shared.events import Binding, TaskBinding
@@ -61,7 +61,8 @@ def tf_config(members: Sequence[Member], rank: int,
 def rendezvous_env(binding: Binding, task: TaskBinding,
                    members: Sequence[Any] | None = None, *,
                    local_rank: int | None = None, use_tf_config: bool | None = None,
-                   tf_port_base: int = TF_PORT_BASE) -> dict[str, str]:
+                   tf_port_base: int = TF_PORT_BASE,
+                   host_of: Callable[[int], str] | None = None) -> dict[str, str]:
     """Environment for ``task`` of ``binding``.
 
     ``members``: every task of the job as (role, rank, host[, port]); defaults to
@@ -69,15 +70,21 @@ def rendezvous_env(binding: Binding, task: TaskBinding,
     when the job has parameter servers. ``local_rank``: defaults to ``task.local_rank``
     where present, else the task's position by rank among this node's tasks;
     ``LOCAL_WORLD_SIZE`` is ``task.local_world_size`` where present (a resize binding
-    lists only the new tasks of a node), else the binding's task count.
+    lists only the new tasks of a node), else the binding's task count. ``host_of``
+    (rank -> host): the runtime names its tasks itself (Kubernetes: each Pod's DNS name);
+    ``MASTER_ADDR`` and the ``TF_CONFIG`` hosts are then its names, not the nodes'.
     """
     cluster = _members(binding, members)
+    if host_of is not None:
+        cluster = [m._replace(host=host_of(m.rank)) for m in cluster]
     local_ranks = sorted(t.rank for t in binding.tasks) or [task.rank]
     if local_rank is None:
         local_rank = getattr(task, "local_rank", None)
     if local_rank is None:
         local_rank = local_ranks.index(task.rank) if task.rank in local_ranks else 0
     master = binding.master_addr
+    if host_of is not None:  # the lowest rank is the master, as the scheduler chose it
+        master = host_of(min((m.rank for m in cluster), default=0))
     if not master:
         rank0 = [m.host for m in cluster if m.rank == 0]
         master = rank0[0] if rank0 else "127.0.0.1"

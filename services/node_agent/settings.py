@@ -30,3 +30,5 @@ class AgentSettings(CommonSettings):
     share_grace_s: float = 10.0  # checkpoint grace of a task stopped over its share
     share_strikes: int = 2  # samples in a row over its share before it is stopped
     share_tolerance_mib: int = 0
+    # shared GPUs run under CUDA MPS where nvidia-cuda-mps-control is on PATH and starts
+    mps_enabled: bool = True

@@ -1,12 +1,26 @@
-"""A fake Kubernetes API server for the Pod calls the Kubernetes runtime makes.
+"""A fake Kubernetes API server for the Pod and Service calls the Kubernetes runtime makes.
 
 This is a FAKE, not Kubernetes: a small FastAPI app, served over real HTTP by uvicorn on
 127.0.0.1 (random port), implementing the REST contract of exactly the calls
 ``services/node_agent/runtimes/kubernetes.py`` makes through the official ``kubernetes``
 client: create / read / list (label selectors) / merge-patch / delete (grace period) of
-namespaced Pods and reading a Pod's log, with the API's status codes and ``Status``
-error bodies (404 NotFound, 409 AlreadyExists, 415 for patch types it does not
-implement).
+namespaced Pods, reading a Pod's log, and create / read / strategic-merge-patch / delete
+of namespaced Services, with the API's status codes and ``Status`` error bodies (404
+NotFound, 409 AlreadyExists, 415 for patch types it does not implement, 422 Invalid for
+names that are not DNS labels). It also does what the contract promises beyond the API
+calls, as far as the runtime relies on it:
+
+- the garbage collector: a Service whose ``ownerReferences`` all name Pods that no
+  longer exist is deleted (at once here; eventually in Kubernetes); a strategic merge
+  patch of ``ownerReferences`` merges by ``uid``, as ``ObjectMeta`` declares;
+- cluster DNS for Pods (``resolve``): ``<hostname>.<subdomain>.<namespace>.svc`` is the
+  Pod's IP when a headless Service named ``<subdomain>`` in its namespace selects it and
+  the Pod has an IP (``publishNotReadyAddresses``: a running Pod counts; a Pod that ended
+  is not an endpoint);
+- a running Pod gets a ``podIP`` on the Pod network (10.244.0.0/16);
+- the termination message: the container's ``FAKE_K8S_CHECKPOINT`` env stands for what
+  it wrote to its ``terminationMessagePath``; the terminated state returns it as
+  ``message``, as the kubelet does.
 
 No kubelet runs: each read or list of a Pod advances it one step, Pending -> Running ->
 Succeeded/Failed, as the container env asks:
@@ -18,6 +32,8 @@ A deleted Pod is shown once more terminated by SIGTERM (exit 143), then is gone.
 
 from __future__ import annotations
 
+import itertools
+import re
 import socket
 import threading
 import uuid
@@ -37,6 +53,16 @@ def _status(code: int, reason: str, message: str) -> JSONResponse:
     return JSONResponse(status_code=code, content={
         "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
         "message": message, "reason": reason, "code": code})
+
+
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def _label_problem(value: str | None, pattern: re.Pattern[str], what: str) -> str:
+    if value is None or (len(value) <= 63 and pattern.match(value)):
+        return ""
+    return f"{what}: Invalid value: {value!r}: a lowercase RFC 1123 label (<= 63 characters)"
 
 
 def _matches(labels: dict[str, str], selector: str | None) -> bool:
@@ -61,6 +87,9 @@ def _matches(labels: dict[str, str], selector: str | None) -> bool:
 class FakeKubernetes:
     def __init__(self) -> None:
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.services: dict[tuple[str, str], dict[str, Any]] = {}
+        self.denied: set[str] = set()  # resources ("services") answered 403, as RBAC would
+        self._ips = itertools.count(2)
         self.calls: list[tuple[str, str, dict[str, str]]] = []  # (method, path, query)
         self.deletions: list[tuple[str, int | None]] = []  # (name, gracePeriodSeconds)
         self._lock = threading.Lock()
@@ -86,6 +115,7 @@ class FakeKubernetes:
         if pod["metadata"].get("deletionTimestamp"):
             if status.get("_shown_deleted"):
                 del self.pods[key]
+                self._collect_garbage()
                 return None
             status["_shown_deleted"] = True
             self._terminate(pod, 143, "Error")
@@ -96,7 +126,9 @@ class FakeKubernetes:
                                                 "state": {"waiting": {"reason": env["FAKE_K8S_WAITING"],
                                                                       "message": "fake"}}}]
             else:
-                status.update(phase="Running", startTime=_now())
+                n = next(self._ips)
+                status.update(phase="Running", startTime=_now(),
+                              podIP=f"10.244.{n // 250}.{n % 250 + 1}")
                 status["containerStatuses"] = [{"name": name, "ready": True, "restartCount": 0,
                                                 "image": "", "imageID": "",
                                                 "state": {"running": {"startedAt": _now()}}}]
@@ -110,17 +142,51 @@ class FakeKubernetes:
         pod["metadata"]["resourceVersion"] = str(self._rv)
         return pod
 
-    @staticmethod
-    def _terminate(pod: dict[str, Any], code: int, reason: str) -> None:
+    @classmethod
+    def _terminate(cls, pod: dict[str, Any], code: int, reason: str) -> None:
         status = pod["status"]
         if status["phase"] in ("Succeeded", "Failed"):
             return
         status["phase"] = "Succeeded" if code == 0 else "Failed"
+        running = (status.get("containerStatuses") or [{}])[0].get("state", {}).get("running")
+        terminated: dict[str, Any] = {
+            "exitCode": code, "reason": reason, "finishedAt": _now(),
+            "startedAt": (running or {}).get("startedAt", _now())}
+        checkpoint = cls._env(pod).get("FAKE_K8S_CHECKPOINT")
+        if checkpoint:  # what the container left at its terminationMessagePath
+            terminated["message"] = checkpoint
         status["containerStatuses"] = [{
             "name": pod["spec"]["containers"][0]["name"], "ready": False, "restartCount": 0,
-            "image": "", "imageID": "",
-            "state": {"terminated": {"exitCode": code, "reason": reason,
-                                     "startedAt": _now(), "finishedAt": _now()}}}]
+            "image": "", "imageID": "", "state": {"terminated": terminated}}]
+
+    def _collect_garbage(self) -> None:
+        """Kubernetes' garbage collector: a dependent whose owners are all gone goes."""
+        uids = {p["metadata"]["uid"] for p in self.pods.values()}
+        for key, svc in list(self.services.items()):
+            owners = svc["metadata"].get("ownerReferences") or []
+            if owners and not any(o.get("uid") in uids for o in owners):
+                del self.services[key]
+
+    def resolve(self, name: str) -> str | None:
+        """Cluster DNS for a Pod behind a headless Service: its IP, or None (NXDOMAIN)."""
+        parts = name.removesuffix(".cluster.local").split(".")
+        if len(parts) != 4 or parts[3] != "svc":
+            return None
+        hostname, subdomain, namespace = parts[:3]
+        with self._lock:
+            svc = self.services.get((namespace, subdomain))
+            if svc is None or svc["spec"].get("clusterIP") != "None":
+                return None
+            selector = svc["spec"].get("selector") or {}
+            for (ns, _), pod in self.pods.items():
+                spec, status = pod["spec"], pod["status"]
+                labels = pod["metadata"].get("labels") or {}
+                if (ns == namespace and spec.get("hostname") == hostname
+                        and spec.get("subdomain") == subdomain and selector
+                        and all(labels.get(k) == v for k, v in selector.items())
+                        and status.get("podIP") and status["phase"] == "Running"):
+                    return str(status["podIP"])
+        return None
 
     @staticmethod
     def _public(pod: dict[str, Any]) -> dict[str, Any]:
@@ -137,6 +203,11 @@ class FakeKubernetes:
         @app.middleware("http")
         async def record(request: Request, call_next: Any) -> Any:
             self.calls.append((request.method, request.url.path, dict(request.query_params)))
+            parts = request.url.path.split("/")  # /api/v1/namespaces/<ns>/<resource>/...
+            if len(parts) > 5 and parts[5] in self.denied:
+                return _status(403, "Forbidden", f'{parts[5]} is forbidden: User '
+                               f'"system:serviceaccount:kairos:node-agent" cannot '
+                               f'{request.method.lower()} resource "{parts[5]}"')
             return await call_next(request)
 
         @app.post(base)
@@ -145,6 +216,11 @@ class FakeKubernetes:
             name = body.get("metadata", {}).get("name")
             if not name or not body.get("spec", {}).get("containers"):
                 return _status(422, "Invalid", "metadata.name and spec.containers are required")
+            spec = body["spec"]
+            problem = (_label_problem(spec.get("hostname"), DNS1123_LABEL, "spec.hostname")
+                       or _label_problem(spec.get("subdomain"), DNS1123_LABEL, "spec.subdomain"))
+            if problem:
+                return _status(422, "Invalid", problem)
             with self._lock:
                 if (namespace, name) in self.pods:
                     return _status(409, "AlreadyExists", f'pods "{name}" already exists')
@@ -208,6 +284,7 @@ class FakeKubernetes:
                 self.deletions.append((name, grace))
                 if grace == 0 or pod["status"]["phase"] in ("Succeeded", "Failed"):
                     del self.pods[(namespace, name)]
+                    self._collect_garbage()
                 else:
                     pod["metadata"]["deletionTimestamp"] = _now()
                     pod["metadata"]["deletionGracePeriodSeconds"] = grace
@@ -224,6 +301,62 @@ class FakeKubernetes:
             if tailLines is not None:
                 lines = lines[-tailLines:] if tailLines else []
             return PlainTextResponse("".join(line + "\n" for line in lines))
+
+        services = "/api/v1/namespaces/{namespace}/services"
+
+        @app.post(services)
+        async def create_service(namespace: str, request: Request) -> Any:
+            body = await request.json()
+            name = body.get("metadata", {}).get("name")
+            problem = _label_problem(name or "", DNS1035_LABEL, "metadata.name")
+            if problem:
+                return _status(422, "Invalid", problem)
+            with self._lock:
+                if (namespace, name) in self.services:
+                    return _status(409, "AlreadyExists", f'services "{name}" already exists')
+                body["apiVersion"], body["kind"] = "v1", "Service"
+                body["metadata"].update(namespace=namespace, uid=str(uuid.uuid4()),
+                                        creationTimestamp=_now(), resourceVersion="1")
+                body.setdefault("spec", {}).setdefault("type", "ClusterIP")
+                body["status"] = {"loadBalancer": {}}
+                self.services[(namespace, name)] = body
+                self._collect_garbage()  # its owners may already be gone
+                return JSONResponse(status_code=201, content=body)
+
+        @app.get(services + "/{name}")
+        async def read_service(namespace: str, name: str) -> Any:
+            svc = self.services.get((namespace, name))
+            if svc is None:
+                return _status(404, "NotFound", f'services "{name}" not found')
+            return svc
+
+        @app.patch(services + "/{name}")
+        async def patch_service(namespace: str, name: str, request: Request) -> Any:
+            kind = request.headers.get("content-type", "")
+            if kind != "application/strategic-merge-patch+json":
+                return _status(415, "UnsupportedMediaType", f"the fake does not do {kind}")
+            body = await request.json()
+            with self._lock:
+                svc = self.services.get((namespace, name))
+                if svc is None:
+                    return _status(404, "NotFound", f'services "{name}" not found')
+                meta = svc["metadata"]
+                owners = {o["uid"]: o for o in meta.get("ownerReferences") or []}
+                for ref in body.get("metadata", {}).get("ownerReferences") or []:
+                    owners[ref["uid"]] = {**owners.get(ref["uid"], {}), **ref}  # by uid
+                meta["ownerReferences"] = list(owners.values())
+                for field in ("labels", "annotations"):
+                    meta.setdefault(field, {}).update(
+                        body.get("metadata", {}).get(field) or {})
+                return svc
+
+        @app.delete(services + "/{name}")
+        async def delete_service(namespace: str, name: str) -> Any:
+            with self._lock:
+                svc = self.services.pop((namespace, name), None)
+            if svc is None:
+                return _status(404, "NotFound", f'services "{name}" not found')
+            return svc
 
         return app
 
@@ -250,3 +383,6 @@ class FakeKubernetes:
 
     def pod(self, name: str, namespace: str = "kairos") -> dict[str, Any] | None:
         return self.pods.get((namespace, name))
+
+    def service(self, name: str, namespace: str = "kairos") -> dict[str, Any] | None:
+        return self.services.get((namespace, name))

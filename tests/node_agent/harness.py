@@ -88,11 +88,13 @@ class AgentRun:
 
 @contextlib.asynccontextmanager
 async def running_agent(bootstrap: str, tmp: Any, **overrides: Any) -> AsyncIterator[AgentRun]:
-    """An agent service named ``a<random>`` (sim nodes ``a<random>-<i>`` when several)."""
-    settings = AgentSettings(
-        kafka_bootstrap=bootstrap, node_id=f"a{uuid.uuid4().hex[:8]}", http_port=free_port(),
-        heartbeat_s=0.2, telemetry_s=0.2, state_dir=str(tmp), log_json=False,
-        sim_gpus_per_node=8, **overrides)
+    """An agent service named ``a<random>`` (sim nodes ``a<random>-<i>`` when several);
+    ``overrides`` are AgentSettings (``node_id`` of an earlier run: that agent restarted)."""
+    options: dict[str, Any] = {
+        "kafka_bootstrap": bootstrap, "node_id": f"a{uuid.uuid4().hex[:8]}",
+        "http_port": free_port(), "heartbeat_s": 0.2, "telemetry_s": 0.2,
+        "state_dir": str(tmp), "log_json": False, "sim_gpus_per_node": 8}
+    settings = AgentSettings(**{**options, **overrides})  # node_id too: a restarted agent
     feed = StatusFeed()
     follow_started = asyncio.Event()
     follower = asyncio.create_task(_follow(bootstrap, feed, follow_started))

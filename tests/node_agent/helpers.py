@@ -1,10 +1,14 @@
-"""Test helpers for the node agent: a fluent launch builder, an exit recorder, polling."""
+"""Test helpers for the node agent: a fluent launch builder, an exit recorder, polling,
+a stand-in MPS control binary."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 from services.node_agent.runtimes.base import GpuGrant, TaskExit, TaskLaunch
 
@@ -46,3 +50,29 @@ async def until(predicate: Callable[[], bool], step_s: float = 0.02) -> None:
     async with asyncio.timeout(30):
         while not predicate():
             await asyncio.sleep(step_s)
+
+
+FAKE_MPS = """#!/bin/sh
+# stand-in for nvidia-cuda-mps-control: records how it was called
+echo "$@ pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY" >> "$CALLS"
+if [ "$1" = "-d" ]; then
+  if [ -e "$CUDA_MPS_PIPE_DIRECTORY/control" ]; then echo "already running"; exit 1; fi
+  touch "$CUDA_MPS_PIPE_DIRECTORY/control"; exit 0
+fi
+read cmd; echo "stdin=$cmd" >> "$CALLS"; rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"
+"""
+
+
+def install_fake_mps(tmp_path: Path, setenv: Callable[[str, str], None]) -> Path:
+    """Put a stand-in ``nvidia-cuda-mps-control`` first on PATH (the real one needs a GPU:
+    it behaves like it for ``-d`` and ``quit``); returns the file recording its calls.
+    ``setenv``: ``monkeypatch.setenv``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    binary = bin_dir / "nvidia-cuda-mps-control"
+    binary.write_text(FAKE_MPS)
+    binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
+    calls = tmp_path / "calls"
+    setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    setenv("CALLS", str(calls))
+    return calls

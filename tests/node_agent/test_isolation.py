@@ -4,8 +4,6 @@ pynvml contract, see tests/fakes/fake_nvml.py) stopping a real process."""
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,7 @@ from services.node_agent.runtimes.base import GpuGrant
 from services.node_agent.runtimes.local_process import LocalProcessRuntime
 from services.node_agent.runtimes.simulated import SimulatedRuntime
 from tests.fakes.fake_nvml import FakeNvml, h100_hgx
-from tests.node_agent.helpers import Exits, launch, until
+from tests.node_agent.helpers import Exits, install_fake_mps, launch, until
 
 H100_MIB = 81559
 
@@ -59,28 +57,9 @@ async def test_mps_unavailable_is_reported_cleanly(tmp_path: Path) -> None:
     await mps.stop()
 
 
-FAKE_MPS = """#!/bin/sh
-# stand-in for nvidia-cuda-mps-control: records how it was called
-echo "$@ pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY" >> "$CALLS"
-if [ "$1" = "-d" ]; then
-  if [ -e "$CUDA_MPS_PIPE_DIRECTORY/control" ]; then echo "already running"; exit 1; fi
-  touch "$CUDA_MPS_PIPE_DIRECTORY/control"; exit 0
-fi
-read cmd; echo "stdin=$cmd" >> "$CALLS"; rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"
-"""
-
-
 @pytest.fixture
 def fake_mps_binary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    binary = bin_dir / "nvidia-cuda-mps-control"
-    binary.write_text(FAKE_MPS)
-    binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
-    calls = tmp_path / "calls"
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("CALLS", str(calls))
-    return calls
+    return install_fake_mps(tmp_path, monkeypatch.setenv)
 
 
 async def test_mps_daemon_started_for_shares_and_stopped_on_close(

@@ -182,3 +182,29 @@ async def test_stop_of_a_pod_that_already_ended_reports_its_real_exit(
     assert (done.exit_code, done.reason) == (0, "completed")
     assert all(name != pod_name(t.key) for name, _ in fake.deletions)
     await rt.close()
+
+
+async def test_the_work_done_comes_from_the_pod_status(fake: FakeKubernetes) -> None:
+    """Run time from the container's start and finish; the checkpoint from its
+    termination message (what it wrote to KAIROS_CHECKPOINT_FILE = terminationMessagePath)."""
+    exits = Exits()
+    rt = runtime(fake, exits)
+    ended = task("k8", FAKE_K8S_EXIT="0", FAKE_K8S_CHECKPOINT="s3://ckpt/step-900\n")
+    await rt.start(ended)
+    container = fake.pod(pod_name(ended.key))["spec"]["containers"][0]
+    assert container["terminationMessagePath"] == "/dev/termination-log"
+    assert container["terminationMessagePolicy"] == "File"
+    assert {e["name"]: e["value"] for e in container["env"]}[
+        "KAIROS_CHECKPOINT_FILE"] == "/dev/termination-log"
+    done = await exits.wait(ended.key)
+    assert (done.reason, done.checkpoint) == ("completed", "s3://ckpt/step-900")
+    assert done.ran_s is not None and done.ran_s >= 0
+
+    stopped = task("k9", FAKE_K8S_EXIT="never", FAKE_K8S_CHECKPOINT="step-12")
+    await rt.start(stopped)
+    await until(lambda: fake.pod(pod_name(stopped.key))["status"]["phase"] == "Running")
+    await rt.stop(stopped.key, grace_s=5, reason="preempted")
+    done = await exits.wait(stopped.key)
+    assert (done.exit_code, done.reason, done.checkpoint) == (143, "preempted", "step-12")
+    assert done.ran_s is not None and done.ran_s >= 0
+    await rt.close()

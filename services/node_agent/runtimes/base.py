@@ -34,6 +34,7 @@ class TaskLaunch:
     memory_mib: int
     duration_s: float | None = None  # for the simulated runtime
     labels: dict[str, str] = field(default_factory=dict)
+    rank: int = 0  # the task's rank in its job (the Kubernetes runtime names its Pod host)
 
     @property
     def key(self) -> str:
@@ -46,9 +47,23 @@ class TaskExit:
     exit_code: int
     reason: str  # "completed", "error", "killed", "stopped", "share_exceeded", ...
     message: str = ""
+    ran_s: float | None = None  # how long it ran, where the runtime knows (the work done)
+    checkpoint: str | None = None  # the last checkpoint the task recorded, where known
 
 
 ExitCallback = Callable[[TaskExit], Awaitable[None]]
+
+# Where a task records its last checkpoint (a path or step, one line), read when it ends
+# and reported with its exit. The local runtime points it at a file of its own; Pods at
+# the container's termination message path, which Kubernetes returns in the Pod status.
+CHECKPOINT_ENV = "KAIROS_CHECKPOINT_FILE"
+CHECKPOINT_MAX = 512  # characters kept
+
+
+def read_checkpoint(text: str | None) -> str | None:
+    """The last non-empty line of what the task recorded, trimmed; None if nothing."""
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return lines[-1][:CHECKPOINT_MAX] if lines else None
 
 
 class Runtime(Protocol):

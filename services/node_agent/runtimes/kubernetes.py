@@ -16,6 +16,18 @@ and starts nothing twice.
 
 One poller lists this node's Pods every ``poll_s`` (one request per node per period,
 not one per Pod). The ``kubernetes`` client is synchronous: every call runs in a thread.
+
+Rendezvous across nodes: job Pods stay on the Pod network (no ``hostNetwork``, so two
+jobs' ``MASTER_PORT`` on one node never collide). Every Pod of a job attempt is named in
+DNS as ``rank-<rank>.<gang>.<namespace>.svc``: its ``hostname`` is ``rank-<rank>``, its
+``subdomain`` the gang's headless Service (``gang_service``: ``clusterIP: None``,
+``publishNotReadyAddresses``, selecting the attempt's Pods by the ``kairos.io/gang``
+label). Whichever agent starts a Pod of the gang first creates the Service; each adds
+its Pod to the Service's ``ownerReferences``, so Kubernetes' garbage collector deletes
+the Service with the gang's last Pod. ``MASTER_ADDR`` and the hosts in ``TF_CONFIG``
+are these names (``peer_host``), the same on every node; a Pod whose gang Service cannot
+be made is deleted and its start fails, so a gang never waits for a name that will not
+resolve.
 """
 
 from __future__ import annotations
@@ -37,10 +49,12 @@ from kubernetes.client.rest import ApiException
 from services.node_agent.isolation.mps import MpsDaemon, merge_env, share_env
 from services.node_agent.runtimes import procfs
 from services.node_agent.runtimes.base import (
+    CHECKPOINT_ENV,
     ExitCallback,
     RuntimeStartError,
     TaskExit,
     TaskLaunch,
+    read_checkpoint,
 )
 from services.node_agent.runtimes.local_process import exit_reason
 
@@ -50,8 +64,10 @@ MANAGED_BY = "app.kubernetes.io/managed-by"
 L_NODE, L_JOB, L_TASK, L_ATTEMPT = ("kairos.io/node", "kairos.io/job-id", "kairos.io/task-id",
                                    "kairos.io/attempt")
 L_REPORTED = "kairos.io/reported"
+L_GANG = "kairos.io/gang"  # the attempt's headless Service selects its Pods by this
 A_KEY = "kairos.io/key"
 CONTAINER = "task"
+TERMINATION_LOG = "/dev/termination-log"  # the task's last checkpoint, read from the status
 # waiting reasons that will not resolve by themselves: fail at once
 FATAL_WAITING = frozenset({"InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError"})
 SLOW_WAITING = frozenset({"ErrImagePull", "ImagePullBackOff", "CreateContainerError"})
@@ -68,6 +84,24 @@ def pod_name(key: str) -> str:
     slug = re.sub(r"[^a-z0-9-]", "-", key.lower().replace("/", "-"))
     digest = hashlib.sha1(key.encode()).hexdigest()[:10]
     return f"kairos-{slug[:45].strip('-')}-{digest}"  # a DNS label, unique per key
+
+
+def gang_service(job_id: str, attempt: int) -> str:
+    """The headless Service of a job attempt: a DNS-1035 label (<= 63, starts with a
+    letter), the same on every node."""
+    digest = hashlib.sha1(f"{job_id}/{attempt}".encode()).hexdigest()[:8]
+    tail = f"-a{attempt}-{digest}"
+    slug = re.sub(r"[^a-z0-9-]", "-", job_id.lower())[:63 - 3 - len(tail)].strip("-")
+    return f"kj-{slug}{tail}" if slug else f"kj{tail}"
+
+
+def pod_hostname(rank: int) -> str:
+    return f"rank-{rank}"
+
+
+def peer_host(job_id: str, attempt: int, rank: int, namespace: str) -> str:
+    """The DNS name of the Pod of rank ``rank`` of a job attempt (any node)."""
+    return f"{pod_hostname(rank)}.{gang_service(job_id, attempt)}.{namespace}.svc"
 
 
 class KubernetesRuntime:
@@ -123,6 +157,10 @@ class KubernetesRuntime:
             config.load_kube_config()
         return cls(on_exit, node_name, k8s.CoreV1Api(), **kwargs)
 
+    def peer_host(self, job_id: str, attempt: int, rank: int) -> str:
+        """Where the other tasks of a gang reach this rank (rendezvous, TF_CONFIG)."""
+        return peer_host(job_id, attempt, rank, self._ns)
+
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         fn = getattr(self._api, method)
         return await asyncio.to_thread(fn, *args, _request_timeout=TIMEOUT, **kwargs)
@@ -136,6 +174,7 @@ class KubernetesRuntime:
             "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
             "KAIROS_JOB_ID": launch.job_id, "KAIROS_TASK_ID": launch.task_id,
             "KAIROS_ATTEMPT": str(launch.attempt),
+            CHECKPOINT_ENV: TERMINATION_LOG,
         }
         share = share_env(grants, self._device_memory)  # ordinals: the container sees 0..n-1
         platform.update(share)
@@ -157,10 +196,13 @@ class KubernetesRuntime:
                 limits={"memory": resources["memory"]} if "memory" in resources else None),
             volume_mounts=[k8s.V1VolumeMount(name="mps-pipe", mount_path=env[
                 "CUDA_MPS_PIPE_DIRECTORY"])] if use_mps else None,
+            # the task writes its last checkpoint here; the status returns it at the end
+            termination_message_path=TERMINATION_LOG, termination_message_policy="File",
         )
+        gang = gang_service(launch.job_id, launch.attempt)
         labels = {MANAGED_BY: "kairos", L_NODE: _label_value(self._node),
                   L_JOB: _label_value(launch.job_id), L_TASK: _label_value(launch.task_id),
-                  L_ATTEMPT: str(launch.attempt)}
+                  L_ATTEMPT: str(launch.attempt), L_GANG: gang}
         labels.update({k: _label_value(v) for k, v in launch.labels.items()})
         return k8s.V1Pod(
             api_version="v1", kind="Pod",
@@ -168,6 +210,8 @@ class KubernetesRuntime:
                                       labels=labels, annotations={A_KEY: launch.key}),
             spec=k8s.V1PodSpec(
                 node_name=self._node, restart_policy="Never",
+                # rank-<r>.<gang>.<ns>.svc through the gang's headless Service (Pod network)
+                hostname=pod_hostname(launch.rank), subdomain=gang,
                 runtime_class_name=self._runtime_class or None,
                 termination_grace_period_seconds=self._termination_grace_s,
                 service_account_name=self._service_account,
@@ -177,6 +221,54 @@ class KubernetesRuntime:
                 containers=[container],
             ),
         )
+
+    def _service_spec(self, launch: TaskLaunch, pod: Any) -> k8s.V1Service:
+        """The gang's headless Service, owned by this Pod (others add themselves)."""
+        name = gang_service(launch.job_id, launch.attempt)
+        ports = [k8s.V1ServicePort(name=port_name, port=int(launch.env[var]),
+                                   target_port=int(launch.env[var]))
+                 for port_name, var in (("rendezvous", "MASTER_PORT"), ("session", "KAIROS_PORT"))
+                 if launch.env.get(var, "").isdigit()]
+        return k8s.V1Service(
+            api_version="v1", kind="Service",
+            metadata=k8s.V1ObjectMeta(
+                name=name, namespace=self._ns,
+                labels={MANAGED_BY: "kairos", L_JOB: _label_value(launch.job_id),
+                        L_ATTEMPT: str(launch.attempt), L_GANG: name},
+                owner_references=[self._owner(pod)]),
+            spec=k8s.V1ServiceSpec(
+                cluster_ip="None", selector={L_GANG: name}, ports=ports or None,
+                # names resolve as soon as a Pod has an address, before it is ready
+                publish_not_ready_addresses=True))
+
+    @staticmethod
+    def _owner(pod: Any) -> k8s.V1OwnerReference:
+        return k8s.V1OwnerReference(api_version="v1", kind="Pod", name=pod.metadata.name,
+                                    uid=pod.metadata.uid)
+
+    async def _ensure_service(self, launch: TaskLaunch, pod: Any) -> None:
+        """Create the gang's Service, or add this Pod to its owners (strategic merge on
+        ``ownerReferences`` merges by uid): it lives while any Pod of the gang does."""
+        body = self._service_spec(launch, pod)
+        name = body.metadata.name
+        for _ in range(3):  # a Service being collected with its last owner is made again
+            try:
+                await self._call("create_namespaced_service", self._ns, body)
+                return
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+            try:
+                await self._call("patch_namespaced_service", name, self._ns,
+                                 {"metadata": {"ownerReferences": [
+                                     self._api.api_client.sanitize_for_serialization(
+                                         self._owner(pod))]}},
+                                 _content_type="application/strategic-merge-patch+json")
+                return
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        raise ApiException(status=409, reason=f"service {name} kept changing")
 
     # --- Runtime ------------------------------------------------------------------------
 
@@ -194,6 +286,15 @@ class KubernetesRuntime:
             if self._is_terminal(pod) or (pod.metadata.labels or {}).get(L_REPORTED) == "true":
                 await self._report(key, self._exit_of(key, pod))  # reported again, not rerun
                 return
+        try:
+            await self._ensure_service(launch, pod)
+        except ApiException as exc:  # its peers could never resolve it: do not run it
+            with contextlib.suppress(ApiException):
+                await self._call("delete_namespaced_pod", pod.metadata.name, self._ns,
+                                 grace_period_seconds=0)
+            raise RuntimeStartError(
+                f"{key}: gang service {gang_service(launch.job_id, launch.attempt)} not "
+                f"created: {exc.status} {exc.reason}") from exc
         self._track(key, pod)
         log.info("pod %s for %s on %s", pod.metadata.name, key, self._node)
 
@@ -218,14 +319,17 @@ class KubernetesRuntime:
                 self._untrack(key)
                 await self._report(key, self._exit_of(key, pod))
                 return
-            code = await self._delete_and_wait(name, grace_s)
+            code, last = await self._delete_and_wait(name, grace_s, pod)
         finally:
             self._stopping.discard(key)
         self._untrack(key)
-        await self._report(key, TaskExit(key, code, reason, message), mark=False)
+        ran_s, checkpoint = self._work(last)
+        await self._report(key, TaskExit(key, code, reason, message, ran_s, checkpoint),
+                           mark=False)
 
-    async def _delete_and_wait(self, name: str, grace_s: float) -> int:
-        """Delete with a grace period; the container's exit code where seen, else a guess."""
+    async def _delete_and_wait(self, name: str, grace_s: float, pod: Any) -> tuple[int, Any]:
+        """Delete with a grace period; the container's exit code where seen, else a guess,
+        and the last state of the Pod seen (for the work it did)."""
         code = 128 + 15
         with contextlib.suppress(ApiException):
             await self._call("delete_namespaced_pod", name, self._ns,
@@ -236,7 +340,7 @@ class KubernetesRuntime:
                 pod = await self._call("read_namespaced_pod", name, self._ns)
             except ApiException as exc:
                 if exc.status == 404:
-                    return code
+                    return code, pod
                 raise
             terminated = self._terminated(pod)
             if terminated is not None:
@@ -244,7 +348,7 @@ class KubernetesRuntime:
             await asyncio.sleep(min(self._poll_s, 1.0))
         with contextlib.suppress(ApiException):
             await self._call("delete_namespaced_pod", name, self._ns, grace_period_seconds=0)
-        return 128 + 9
+        return 128 + 9, pod
 
     async def running(self) -> list[str]:
         return sorted(self._tracked)
@@ -395,13 +499,29 @@ class KubernetesRuntime:
         state = self._container_state(pod)
         return state.waiting if state is not None else None
 
+    def _work(self, pod: Any) -> tuple[float | None, str | None]:
+        """Seconds the container ran (to its end, or now) and the checkpoint it left in
+        its termination message; None where the Pod never ran."""
+        state = self._container_state(pod) if pod is not None else None
+        terminated = state.terminated if state is not None else None
+        started = (terminated.started_at if terminated is not None else
+                   state.running.started_at if state is not None and state.running else None)
+        if started is None and pod is not None and pod.status is not None:
+            started = pod.status.start_time
+        ended = (terminated.finished_at if terminated is not None else None) or datetime.now(UTC)
+        ran_s = (round(max(0.0, (ended - started).total_seconds()), 3)
+                 if isinstance(started, datetime) else None)
+        return ran_s, read_checkpoint(terminated.message if terminated is not None else None)
+
     def _exit_of(self, key: str, pod: Any, message: str = "") -> TaskExit:
         terminated = self._terminated(pod)
+        ran_s, checkpoint = self._work(pod)
         if terminated is None:  # e.g. evicted before the container ran
             reason = pod.status.reason if pod.status else None
             return TaskExit(key, 0 if pod.status and pod.status.phase == "Succeeded" else 1,
                             "completed" if pod.status and pod.status.phase == "Succeeded"
-                            else "error", message or (reason or ""))
+                            else "error", message or (reason or ""), ran_s, checkpoint)
         code = terminated.exit_code
         detail = terminated.reason if terminated.reason not in (None, "Completed", "Error") else ""
-        return TaskExit(key, code, exit_reason(code), "; ".join(filter(None, [message, detail])))
+        return TaskExit(key, code, exit_reason(code), "; ".join(filter(None, [message, detail])),
+                        ran_s, checkpoint)

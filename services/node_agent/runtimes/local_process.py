@@ -27,6 +27,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -34,10 +35,12 @@ from urllib.parse import quote
 from services.node_agent.isolation.mps import MpsDaemon, is_share, merge_env, share_env
 from services.node_agent.runtimes import procfs
 from services.node_agent.runtimes.base import (
+    CHECKPOINT_ENV,
     ExitCallback,
     RuntimeStartError,
     TaskExit,
     TaskLaunch,
+    read_checkpoint,
 )
 
 log = logging.getLogger(__name__)
@@ -110,13 +113,32 @@ class LocalProcessRuntime:
         tmp.write_text(json.dumps(state))
         tmp.replace(path)
 
+    def _work(self, key: str) -> tuple[float | None, str | None]:
+        """The work done: seconds from the start to the exit file (written when the task
+        ended; now if it has none), and the checkpoint the task recorded, if any."""
+        task_dir = self._task_dir(key)
+        state = self._read_state(key) or {}
+        try:
+            ended = (task_dir / "exit").stat().st_mtime
+        except OSError:
+            ended = time.time()
+        started = state.get("started_at")
+        ran_s = round(max(0.0, ended - started), 3) if started else None
+        try:
+            checkpoint = read_checkpoint((task_dir / "checkpoint").read_text(errors="replace"))
+        except OSError:
+            checkpoint = None
+        return ran_s, checkpoint
+
     def _recorded_exit(self, key: str, message: str = "") -> TaskExit:
+        ran_s, checkpoint = self._work(key)
         try:
             code = int((self._task_dir(key) / "exit").read_text().strip())
         except (OSError, ValueError):
             return TaskExit(key, 128 + signal.SIGKILL, "killed",
-                            message or "killed before it could record an exit code")
-        return TaskExit(key, code, exit_reason(code), message)
+                            message or "killed before it could record an exit code",
+                            ran_s, checkpoint)
+        return TaskExit(key, code, exit_reason(code), message, ran_s, checkpoint)
 
     # --- start ------------------------------------------------------------------------
 
@@ -135,6 +157,7 @@ class LocalProcessRuntime:
             platform.update(self._mps.client_env())
         env = merge_env(self._base_env, launch.env, platform)
         env["KAIROS_EXIT_FILE"] = str(self._task_dir(launch.key) / "exit")
+        env[CHECKPOINT_ENV] = str(self._task_dir(launch.key) / "checkpoint")
         return env
 
     async def start(self, launch: TaskLaunch) -> None:
@@ -155,8 +178,9 @@ class LocalProcessRuntime:
             raise RuntimeStartError(f"{key}: command not found: {launch.command[0]}")
         task_dir = self._task_dir(key)
         task_dir.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            (task_dir / "exit").unlink()
+        for stale in ("exit", "checkpoint"):
+            with contextlib.suppress(FileNotFoundError):
+                (task_dir / stale).unlink()
         out = os.open(self.log_path(key), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -180,7 +204,8 @@ class LocalProcessRuntime:
         rc = await proc.wait()
         exit_ = self._recorded_exit(key)
         if rc < 0 and not (self._task_dir(key) / "exit").exists():
-            exit_ = TaskExit(key, 128 - rc, "killed", f"killed by signal {-rc}")
+            exit_ = replace(exit_, exit_code=128 - rc, reason="killed",
+                            message=f"killed by signal {-rc}")
         await self._finish(key, proc.pid, exit_)
 
     def _adopt(self, key: str, state: dict[str, Any]) -> None:
@@ -199,7 +224,7 @@ class LocalProcessRuntime:
             os.killpg(pgid, signal.SIGKILL)  # what is left of the task (e.g. data loaders)
         stop = self._stopping.pop(key, None)
         if stop is not None:
-            exit_ = TaskExit(key, exit_.exit_code, stop[0], stop[1])
+            exit_ = replace(exit_, reason=stop[0], message=stop[1])
         self._pids.pop(key, None)
         self._watchers.pop(key, None)
         await self._report(exit_)

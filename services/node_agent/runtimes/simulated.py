@@ -65,7 +65,7 @@ class SimulatedRuntime:
         await asyncio.sleep(duration)
         self._tasks.pop(key, None)
         self._ended(key, "training finished: exit 0")
-        await self._on_exit(TaskExit(key, 0, "completed"))
+        await self._on_exit(TaskExit(key, 0, "completed", ran_s=self._ran(key)))
 
     def _ended(self, key: str, line: str) -> None:
         sim = self._sims.get(key)
@@ -81,7 +81,13 @@ class SimulatedRuntime:
         with contextlib.suppress(asyncio.CancelledError):
             await task
         self._ended(key, f"stopped ({reason}{': ' + message if message else ''}): exit 137")
-        await self._on_exit(TaskExit(key, 137, reason, message))
+        await self._on_exit(TaskExit(key, 137, reason, message, ran_s=self._ran(key)))
+
+    def _ran(self, key: str) -> float | None:
+        sim = self._sims.get(key)
+        if sim is None:
+            return None
+        return round((sim.ended or time.time()) - sim.started, 3)
 
     async def running(self) -> list[str]:
         return list(self._tasks)

@@ -163,7 +163,7 @@ async def request_environment(
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
                             detail=_validation_detail(exc)) from exc
     await policy.check_submit(request.app, spec)
-    await check_queue(engine, spec.queue, caller)  # an open queue the caller may use
+    await check_queue(engine, spec.queue, caller, spec)  # an open queue, within quota
     row, created = await store.insert_job(engine, spec, caller.tenant, caller.user,
                                           idempotency_key)
     if not created:

@@ -23,7 +23,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission import queues_view
 from services.admission.auth import Principal, authenticate, require_admin
+from services.admission.ratelimit import REFUSED
 from shared.events import QueueAction, QueueCommand
+from shared.jobspec import JobSpec
 from shared.outbox import add_to_outbox
 from shared.queuespec import (
     DEFAULT_QUEUE,
@@ -35,6 +37,7 @@ from shared.queuespec import (
     tree_errors,
     validation_errors,
 )
+from shared.quota_tree import BIG, RESOURCE_KEYS, UNITS, QueueTree, fmt, spec_demand
 
 Caller = Annotated[Principal, Depends(authenticate)]
 Admin = Annotated[Principal, Depends(require_admin)]
@@ -276,9 +279,11 @@ async def open_queue(name: str, request: Request, response: Response,
     return await _set_state(request, response, name, QueueAction.OPEN, caller)
 
 
-async def check_submit(engine: AsyncEngine, queue: str, caller: Principal) -> None:
-    """A job may go to an open queue of the caller's tenant or a shared one. The default
-    queue is open before queueing has announced any queue (a fresh stack)."""
+async def check_submit(engine: AsyncEngine, queue: str, caller: Principal,
+                       spec: JobSpec | None = None) -> None:
+    """A job may go to an open queue of the caller's tenant or a shared one, and ask no
+    more than that queue's quota could ever admit. The default queue is open before
+    queueing has announced any queue (a fresh stack)."""
     row = await queues_view.get_queue(engine, queue)
     if row is None and queue == DEFAULT_QUEUE:
         return
@@ -294,6 +299,36 @@ async def check_submit(engine: AsyncEngine, queue: str, caller: Principal) -> No
     if row["state"] != "open":
         raise HTTPException(status.HTTP_409_CONFLICT, detail=(
             f"queue {queue} is {row['state']}: it accepts no new jobs"))
+    if spec is not None:
+        await check_ceiling(engine, queue, spec)
+
+
+def _amounts(v: tuple[float, float, float]) -> dict[str, float | None]:
+    return {k: (x if x < BIG / 2 else None) for k, x in zip(RESOURCE_KEYS, v, strict=True)}
+
+
+async def check_ceiling(engine: AsyncEngine, queue: str, spec: JobSpec) -> None:
+    """422 for a job larger than its queue's quota ceiling (guarantee plus all it may
+    borrow, up the tree: ``QueueTree.ceiling``): queueing would hold it forever with
+    reason ``quota``. A tree without limits has no ceiling."""
+    tree = QueueTree(_specs(await queues_view.list_queues(engine, None)).values())
+    if queue not in tree.specs:
+        return
+    ceiling, ask = tree.ceiling(queue), spec_demand(spec)
+    over = ceiling.exceeded(ask)
+    if not over:
+        return
+    REFUSED.labels("over_quota").inc()
+    r = over[0]
+    at = ceiling.at[r]
+    where = "its guarantee with all it may borrow" + (
+        f", bounded by {at} above it" if at != queue else "")
+    raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=[{
+        "field": "tasks", "type": "over_quota", "message": (
+            f"the job asks for {fmt(ask[r])} {UNITS[r]} at once; queue {queue} can never "
+            f"hold more than {fmt(ceiling.amount[r])} ({where}): it would wait forever"),
+        "queue": queue, "limited_at": at, "ceiling": _amounts(ceiling.amount),
+        "ask": _amounts(ask)}])
 
 
 class WaitingOut(BaseModel):
@@ -312,3 +347,23 @@ async def waiting_of(engine: AsyncEngine, job_id: str, state: str) -> WaitingOut
         return None
     row = await queues_view.waiting(engine, job_id)
     return WaitingOut(**row) if row else None
+
+
+class PlacementWaitOut(BaseModel):
+    """Why the scheduler has not placed an admitted job yet."""
+
+    reason: str = Field(description="no_fit | gang_incomplete | never_fits | preempting | "
+                        "priority | backfill_blocked | gpu_model | affinity | "
+                        "no_matching_node | cordoned | quota")
+    detail: str
+    estimated_start: datetime | None = Field(
+        description="when backfill expects it to start; empty = no estimate")
+    updated_at: datetime = Field(description="when the scheduler last said so")
+
+
+async def placement_wait_of(engine: AsyncEngine, job_id: str,
+                            state: str) -> PlacementWaitOut | None:
+    if state != "admitted":
+        return None
+    row = await queues_view.job_waiting(engine, job_id)
+    return PlacementWaitOut(**row) if row else None

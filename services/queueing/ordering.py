@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scheduling import GpuSlot, JobRequest, Node, Quota, Resources, Scheduler, Snapshot, TaskRequest
+from scheduling import GpuSlot, JobRequest, Node, Quota, Resources, Scheduler, Snapshot
 from services.queueing.config import OrderingSpec
 from services.queueing.quota import Vec
 from shared.events import JobSubmitted
+from shared.quota_tree import request_demand, task_requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,12 +35,7 @@ def job_request(sub: JobSubmitted, attempt: int) -> JobRequest:
     spec = sub.spec
     return JobRequest(
         job_id=sub.job_id,
-        tasks=tuple(TaskRequest(t.name, t.effective_role, t.replicas, gpu=t.resources.gpu,
-                                gpu_memory_mib=t.resources.gpu_memory,
-                                gpu_compute_pct=t.resources.gpu_compute,
-                                cpu_milli=t.resources.cpu, memory_mib=t.resources.memory,
-                                min_replicas=t.min_replicas, max_replicas=t.max_replicas)
-                    for t in spec.tasks),
+        tasks=task_requests(spec),
         queue=sub.queue, tenant=sub.queue, user=sub.user, priority=spec.priority,
         priority_class=spec.priority_class.value, submit_time=sub.submitted_at.timestamp(),
         min_available=spec.min_available, runtime_estimate_s=spec.runtime_estimate,
@@ -47,10 +43,8 @@ def job_request(sub: JobSubmitted, attempt: int) -> JobRequest:
 
 
 def demand(req: JobRequest) -> Vec:
-    """What a job reserves of its queue's quota: its replicas as submitted (GPU shares
-    count their compute fraction)."""
-    return (float(req.total_gpus), float(sum(t.replicas * t.cpu_milli for t in req.tasks)),
-            float(sum(t.replicas * t.memory_mib for t in req.tasks)))
+    """What a job reserves of its queue's quota (``request_demand``)."""
+    return request_demand(req)
 
 
 class Ordering:

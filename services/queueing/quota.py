@@ -17,22 +17,25 @@ not checked at all, so the default queue, alone and without quota, admits everyt
 A member within its nominal quota is always admitted by ``QuotaBook``; if the cohort has
 lent that share out, the job waits for *reclaim*: borrowers' jobs are preempted until
 the cohort's pool covers what its members draw from it.
+
+The tree itself (effective nominal and lending, each queue's ceiling) is
+``shared/quota_tree.py``: admission refuses with it a job larger than any quota could
+ever admit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from scheduling import Quota, QuotaBook, Resources
-from shared.queuespec import QueueSpec, effective_tenant
+from scheduling import QuotaBook, Resources
+from shared.quota_tree import BIG, EPS, UNITS, ZERO, QueueTree, Vec
+from shared.quota_tree import add as _add
+from shared.quota_tree import fmt as _fmt
 
-BIG = 1e15  # "no limit" as a number: sums and comparisons stay finite
-EPS = 1e-9
-Vec = tuple[float, float, float]
-ZERO: Vec = (0.0, 0.0, 0.0)
-UNITS = ("GPUs", "CPU millicores", "MiB memory")
+__all__ = ["BIG", "EPS", "UNITS", "ZERO", "Decision", "QueueTree", "QuotaState", "Reclaim",
+           "Vec", "WaitReason"]
 
 
 class WaitReason(StrEnum):
@@ -58,120 +61,6 @@ class Decision:
     reason: WaitReason | None = None
     detail: str = ""
     reclaim: Reclaim | None = None
-
-
-def _add(a: Vec, b: Vec, sign: float = 1.0) -> Vec:
-    return (a[0] + sign * b[0], a[1] + sign * b[1], a[2] + sign * b[2])
-
-
-def _fmt(v: float) -> str:
-    return f"{v:g}" if v < BIG / 2 else "unlimited"
-
-
-class QueueTree:
-    """The queue specs as a tree, with each node's effective nominal and lending."""
-
-    def __init__(self, specs: Iterable[QueueSpec]) -> None:
-        self.specs: dict[str, QueueSpec] = {q.name: q for q in specs}
-        self.children: dict[str, list[str]] = {n: [] for n in self.specs}
-        self.tops: list[str] = []
-        for q in self.specs.values():
-            if q.parent in self.specs:
-                self.children[q.parent].append(q.name)
-            else:
-                self.tops.append(q.name)
-        self.top_of: dict[str, str] = {}
-        for top in self.tops:
-            for n in self.subtree(top):
-                self.top_of[n] = top
-        self.limited: dict[str, tuple[bool, bool, bool]] = {}
-        for top in self.tops:
-            flags = [False, False, False]
-            for n in self.subtree(top):
-                q = self.specs[n]
-                for amount in (q.guaranteed, q.borrowing_limit):
-                    if amount is not None:
-                        for r, v in enumerate(amount.values()):
-                            flags[r] = flags[r] or v is not None
-            self.limited[top] = (flags[0], flags[1], flags[2])
-        self.nominal: dict[str, Vec] = {}
-        self.lend: dict[str, Vec] = {}
-        for top in self.tops:
-            self._effective(top)
-
-    def _effective(self, name: str) -> None:
-        kids = self.children[name]
-        for k in kids:
-            self._effective(k)
-        q = self.specs[name]
-        g = q.guaranteed.values() if q.guaranteed else (None, None, None)
-        lim = q.lending_limit.values() if q.lending_limit else (None, None, None)
-        nom: list[float] = []
-        lend: list[float] = []
-        for r in range(3):
-            gr = g[r]
-            n = float(gr) if gr is not None else sum(self.nominal[k][r] for k in kids)
-            lr = lim[r]
-            if lr is not None:
-                lend.append(min(float(lr), n))
-            elif gr is None and kids:
-                lend.append(sum(self.lend[k][r] for k in kids))
-            else:
-                lend.append(n)
-            nom.append(n)
-        self.nominal[name] = (nom[0], nom[1], nom[2])
-        self.lend[name] = (lend[0], lend[1], lend[2])
-
-    def subtree(self, name: str) -> list[str]:
-        out, stack = [], [name]
-        while stack:
-            n = stack.pop()
-            out.append(n)
-            stack.extend(self.children.get(n, []))
-        return out
-
-    def path(self, name: str) -> list[str]:
-        """The queue, its parent, ... up to its top-level ancestor."""
-        out = [name]
-        while (p := self.specs[out[-1]].parent) is not None and p in self.specs:
-            out.append(p)
-        return out
-
-    def tenant(self, name: str) -> str:
-        return effective_tenant(self.specs, name)
-
-    def _lender(self, cohort: str) -> Vec:
-        """What a cohort offers its children beyond their own lending: its guarantee that
-        no child claims, and (having a parent) what it may borrow from above."""
-        q = self.specs[cohort]
-        g = q.guaranteed.values() if q.guaranteed else (None, None, None)
-        bl = q.borrowing_limit.values() if q.borrowing_limit else (None, None, None)
-        kids = self.children[cohort]
-        out: list[float] = []
-        for r in range(3):
-            gr = g[r]
-            spare = max(0.0, float(gr) - sum(self.nominal[k][r] for k in kids)) if gr is not None else 0.0
-            above = 0.0
-            if q.parent is not None:
-                b = bl[r]
-                above = float(b) if b is not None else BIG
-            out.append(spare + above)
-        return (out[0], out[1], out[2])
-
-    def quotas(self, cohort: str) -> list[Quota]:
-        """The members of one level for ``QuotaBook``: the cohort's children and its lender."""
-        out = []
-        for k in self.children[cohort]:
-            q = self.specs[k]
-            bl = None
-            if q.borrowing_limit is not None:
-                bl = Resources(*(BIG if v is None else v for v in q.borrowing_limit.values()))
-            out.append(Quota(k, Resources(*self.nominal[k]), cohort=cohort, borrowing_limit=bl,
-                             lending_limit=Resources(*self.lend[k]), weight=q.weight))
-        lender = self._lender(cohort)
-        out.append(Quota(f"~{cohort}", Resources(*lender), cohort=cohort,
-                         lending_limit=Resources(*lender)))
-        return out
 
 
 class QuotaState:

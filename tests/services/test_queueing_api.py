@@ -161,6 +161,45 @@ async def test_submits_go_only_to_open_queues_the_caller_may_use(gw: Gateway) ->
     assert r.json() == {"detail": "queue vision is closed: it accepts no new jobs"}
 
 
+async def test_a_job_larger_than_its_queues_quota_ceiling_is_refused(gw: Gateway) -> None:
+    """vision is guaranteed 4 GPUs in cohort cluster, whose members lend it up to 4 more:
+    it can never hold more than 8. A larger job would wait forever with reason quota."""
+    def job(gpus: int, queue: str = "vision") -> dict[str, Any]:
+        return {"name": "big", "queue": queue,
+                "tasks": [{"name": "w", "replicas": gpus, "resources": {"gpu": 1}}]}
+
+    r = await gw.http.post("/v1/jobs", json=job(9), headers=auth(gw.vision))
+    assert r.status_code == 422
+    assert r.json()["detail"] == [{
+        "field": "tasks", "type": "over_quota", "queue": "vision", "limited_at": "cluster",
+        "ceiling": {"gpus": 8.0, "cpu_milli": None, "memory_mib": None},
+        "ask": {"gpus": 9.0, "cpu_milli": 9000.0, "memory_mib": 9 * 1024.0},
+        "message": "the job asks for 9 GPUs at once; queue vision can never hold more than "
+                   "8 (its guarantee with all it may borrow, bounded by cluster above it): "
+                   "it would wait forever"}]
+    assert (await gw.http.post("/v1/jobs", json=job(8), headers=auth(gw.vision))).status_code \
+        == 201
+    # an environment is held to the same ceiling
+    r = await gw.http.post("/v1/environments", json={"queue": "vision", "gpu": 9},
+                           headers=auth(gw.vision))
+    assert r.status_code == 422 and r.json()["detail"][0]["type"] == "over_quota"
+    # a borrowing limit lowers it; the refusal names where the limit binds
+    await gw.announce(changed("vision", version=2, parent="cluster", tenant="vision",
+                              guaranteed={"gpus": 4}, borrowing_limit={"gpus": 1}))
+    r = await gw.http.post("/v1/jobs", json=job(6), headers=auth(gw.vision))
+    assert r.status_code == 422 and r.json()["detail"][0]["ceiling"]["gpus"] == 5.0
+    # a team queue under vision is bounded by vision's ceiling above it
+    await gw.announce(changed("vision-dev", parent="vision", tenant="vision"))
+    r = await gw.http.post("/v1/jobs", json=job(6, "vision-dev"), headers=auth(gw.vision))
+    d = r.json()["detail"][0]
+    assert r.status_code == 422 and (d["limited_at"], d["ceiling"]["gpus"]) == ("vision", 5.0)
+    assert "bounded by vision above it" in d["message"]
+    # a tree without quota has no ceiling
+    await gw.announce(changed("scratch"))
+    r = await gw.http.post("/v1/jobs", json=job(64, "scratch"), headers=auth(gw.vision))
+    assert r.status_code == 201
+
+
 async def test_a_waiting_job_says_where_and_why(gw: Gateway) -> None:
     r = await gw.http.post("/v1/jobs", json={**JOB, "queue": "nlp"}, headers=auth(gw.nlp))
     job_id = r.json()["id"]

@@ -97,6 +97,10 @@ def describe(job_id: str, url: UrlOpt = None, token: TokenOpt = None) -> None:
         eta = f", estimated start {w['estimated_start'][:19]}" if w.get("estimated_start") else ""
         console.print(f"waiting in queue {w['queue']}: position {w['position']}, "
                       f"{w['reason']} ({w['detail']}){eta}")
+    if job.get("placement_wait"):  # admitted: why the scheduler has not placed it yet
+        w = job["placement_wait"]
+        eta = f", estimated start {w['estimated_start'][:19]}" if w.get("estimated_start") else ""
+        console.print(f"waiting for GPUs: {w['reason']} ({w['detail']}){eta}")
     if job.get("placement"):
         t = Table("task", "node", "gpus", title="placement")
         for p in job["placement"]:

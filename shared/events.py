@@ -134,6 +134,25 @@ class JobStatus(Event):
         return self.job_id
 
 
+class JobWaiting(Event):
+    """Why the scheduler has not placed an admitted job yet, sent when that changes (the
+    reason, or the estimated start by more than a minute). Not a transition: the job stays
+    ``admitted``; its next status (bound, cancelled, ...) ends the wait."""
+
+    TYPE: ClassVar[str] = "job.waiting"
+    job_id: str
+    attempt: int = 1
+    reason: str = Field(description="the scheduling core's pending reason: no_fit, "
+                        "gang_incomplete, never_fits, preempting, cordoned, ...")
+    detail: str = ""
+    estimated_start: datetime | None = Field(
+        default=None, description="when backfill expects it to start (its reservation)")
+    epoch: int | None = Field(default=None, description="the scheduler epoch that said so")
+
+    def key(self) -> str:
+        return self.job_id
+
+
 class BindingRefused(Event):
     """An agent refused a binding (e.g. from a stale scheduler epoch)."""
 
@@ -483,6 +502,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         JobSubmitted,
         JobReady,
         JobStatus,
+        JobWaiting,
         BindingRefused,
         JobCommand,
         Binding,

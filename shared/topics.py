@@ -31,8 +31,9 @@ JOBS_READY = Topic(
     "Jobs queueing admitted against quota, in queue order.",
 )
 JOBS_STATUS = Topic(
-    "jobs.status", "job id", 16, 7 * DAY_MS, (ev.JobStatus, ev.BindingRefused),
-    "Every transition of a job or of one of its tasks, with reason, attempt and exit code.",
+    "jobs.status", "job id", 16, 7 * DAY_MS, (ev.JobStatus, ev.JobWaiting, ev.BindingRefused),
+    "Every transition of a job or of one of its tasks, with reason, attempt and exit code; "
+    "and why an admitted job is not placed yet, when that changes.",
 )
 JOBS_COMMANDS = Topic(
     "jobs.commands", "job id", 8, 7 * DAY_MS, (ev.JobCommand,),

@@ -28,7 +28,13 @@ from services.admission.routes_environments import router as environments_router
 from services.admission.routes_jobs_stream import router as jobs_stream_router
 from services.admission.routes_logs import router as logs_router
 from services.admission.routes_nodes_ops import router as nodes_ops_router
-from services.admission.routes_queues import WaitingOut, check_submit, waiting_of
+from services.admission.routes_queues import (
+    PlacementWaitOut,
+    WaitingOut,
+    check_submit,
+    placement_wait_of,
+    waiting_of,
+)
 from services.admission.routes_queues import router as queues_router
 from services.admission.routes_usage import router as usage_router
 from services.admission.settings import AdmissionSettings
@@ -84,6 +90,9 @@ class JobOut(BaseModel):
         default=None, description="replicas placed now, per task (elastic jobs resize)")
     waiting: WaitingOut | None = Field(
         default=None, description="while it waits in its queue: position, reason, estimate")
+    placement_wait: PlacementWaitOut | None = Field(
+        default=None, description="admitted, while it waits for GPUs: the scheduler's "
+        "reason and, when backfill has one, an estimated start")
 
 
 class ResizeIn(BaseModel):
@@ -234,7 +243,7 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
         await ratelimit.check_submit(engine, settings, caller.tenant)
         spec = await _read_spec(request)
         await policy.check_submit(request.app, spec)
-        await check_submit(engine, spec.queue, caller)  # an open queue the caller may use
+        await check_submit(engine, spec.queue, caller, spec)  # an open queue, within quota
         row, created = await store.insert_job(engine, spec, caller.tenant, caller.user,
                                               idempotency_key)
         if not created:
@@ -290,6 +299,7 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
         row = await _visible_job(job_id, caller)
         out = _job_out(row, detail=True)
         out.waiting = await waiting_of(engine, job_id, row["state"])  # why it still waits
+        out.placement_wait = await placement_wait_of(engine, job_id, row["state"])
         return out
 
     @app.delete("/v1/jobs/{job_id}", status_code=202, response_model=JobOut)

@@ -1,17 +1,23 @@
 """Admission's read model of the queues, fed by ``queues.events``: each queue's settings
 (``queue.changed``), its usage and waiting jobs (``queue.status``), and the answer to
 every admin command. Queueing owns the queues; this is what the gateway shows and what
-it checks a submit against."""
+it checks a submit against.
+
+``queue_waiting_view`` explains every waiting job, one row each: queueing's rows (from
+``queue.status``: position >= 1 in its queue's order) while the job waits for quota,
+then the scheduler's (from ``job.waiting``: position 0) while, admitted, it waits for
+GPUs. A status that ends the wait (bound, running, preempted, ended) removes the latter."""
 
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from shared.events import QueueChanged, QueueStatus
+from shared.events import JobWaiting, QueueChanged, QueueStatus
 
 
 async def apply_queue_event(conn: AsyncConnection, ev: QueueChanged | QueueStatus) -> None:
@@ -19,8 +25,8 @@ async def apply_queue_event(conn: AsyncConnection, ev: QueueChanged | QueueStatu
         await conn.execute(text(
             "UPDATE queues_view SET status = CAST(:s AS jsonb) WHERE name = :n"),
             {"n": ev.queue, "s": ev.model_dump_json(exclude={"waiting"})})
-        await conn.execute(text("DELETE FROM queue_waiting_view WHERE queue = :q"),
-                           {"q": ev.queue})
+        await conn.execute(text(  # queueing's rows only: position 0 is the scheduler's
+            "DELETE FROM queue_waiting_view WHERE queue = :q AND position > 0"), {"q": ev.queue})
         if ev.waiting:
             await conn.execute(text(
                 """INSERT INTO queue_waiting_view (job_id, queue, position, reason, detail,
@@ -83,5 +89,51 @@ async def waiting(engine: AsyncEngine, job_id: str) -> dict[str, Any] | None:
     async with engine.connect() as conn:
         row = (await conn.execute(text(
             """SELECT queue, position, reason, detail, estimated_start, updated_at
-               FROM queue_waiting_view WHERE job_id = :j"""), {"j": job_id})).mappings().first()
+               FROM queue_waiting_view WHERE job_id = :j AND position > 0"""),
+            {"j": job_id})).mappings().first()
+    return dict(row) if row else None
+
+
+async def apply_job_waiting(conn: AsyncConnection, event_id: str, ev: JobWaiting,
+                            occurred_at: datetime) -> None:
+    """The scheduler's reason an admitted job is not placed yet. A new reason also goes
+    into the job's history (``admitted``, ``waiting: <reason>``), so ``describe`` shows
+    why it waited; a moved estimate only updates the row. Ignored for a job that is
+    placed, ended or on a later attempt by now."""
+    job = (await conn.execute(text(
+        """SELECT j.state, j.attempt, w.reason AS said FROM jobs j
+           LEFT JOIN queue_waiting_view w ON w.job_id = j.id AND w.position = 0
+           WHERE j.id = :j"""), {"j": ev.job_id})).first()
+    if job is None or job.state not in ("pending", "admitted") or job.attempt > ev.attempt:
+        return
+    if job.said != ev.reason:
+        await conn.execute(text(
+            """INSERT INTO job_events (event_id, job_id, state, reason, attempt, message,
+                   occurred_at)
+               VALUES (:e, :j, 'admitted', :r, :a, :m, :o) ON CONFLICT (event_id) DO NOTHING"""),
+            {"e": event_id, "j": ev.job_id, "r": f"waiting: {ev.reason}", "a": ev.attempt,
+             "m": ev.detail, "o": occurred_at})
+    await conn.execute(text(
+        """INSERT INTO queue_waiting_view (job_id, queue, position, reason, detail,
+               estimated_start, updated_at)
+           SELECT id, queue, 0, :r, :d, :e, :o FROM jobs WHERE id = :j
+           ON CONFLICT (job_id) DO UPDATE SET queue = EXCLUDED.queue, position = 0,
+               reason = EXCLUDED.reason, detail = EXCLUDED.detail,
+               estimated_start = EXCLUDED.estimated_start, updated_at = EXCLUDED.updated_at"""),
+        {"j": ev.job_id, "r": ev.reason, "d": ev.detail, "e": ev.estimated_start,
+         "o": occurred_at})
+
+
+async def end_job_waiting(conn: AsyncConnection, job_id: str) -> None:
+    """The job was placed (or stopped, or ended): the scheduler's reason is past."""
+    await conn.execute(text(
+        "DELETE FROM queue_waiting_view WHERE job_id = :j AND position = 0"), {"j": job_id})
+
+
+async def job_waiting(engine: AsyncEngine, job_id: str) -> dict[str, Any] | None:
+    async with engine.connect() as conn:
+        row = (await conn.execute(text(
+            """SELECT reason, detail, estimated_start, updated_at
+               FROM queue_waiting_view WHERE job_id = :j AND position = 0"""),
+            {"j": job_id})).mappings().first()
     return dict(row) if row else None

@@ -11,7 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.admission import ops_views, usage
-from services.admission.queues_view import apply_queue_event
+from services.admission.queues_view import apply_job_waiting, apply_queue_event, end_job_waiting
 from shared.events import (
     Binding,
     BindingAction,
@@ -22,6 +22,7 @@ from shared.events import (
     JobState,
     JobStatus,
     JobSubmitted,
+    JobWaiting,
     NodeHeartbeat,
     NodeLost,
     NodeRegistered,
@@ -188,6 +189,8 @@ async def apply_events(engine: AsyncEngine, items: list[tuple[Envelope, Event]])
                 await apply_node_event(conn, event, env.occurred_at)
             elif isinstance(event, QueueChanged | QueueStatus):
                 await apply_queue_event(conn, event)
+            elif isinstance(event, JobWaiting):
+                await apply_job_waiting(conn, env.id, event, env.occurred_at)
 
 
 async def apply_status(conn: AsyncConnection, event_id: str, st: JobStatus,
@@ -215,6 +218,8 @@ async def apply_status(conn: AsyncConnection, event_id: str, st: JobStatus,
         return
     if not accepts(JobState(row.state), row.attempt, st.state, st.attempt):
         return
+    if st.state in (JobState.BOUND, JobState.RUNNING, JobState.PREEMPTED) or st.state.terminal:
+        await end_job_waiting(conn, st.job_id)
     await conn.execute(
         text("""UPDATE jobs SET state = :s, reason = :r, attempt = GREATEST(attempt, :a),
                     exit_code = COALESCE(:x, exit_code), updated_at = now()

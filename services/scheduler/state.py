@@ -25,6 +25,7 @@ from scheduling import (
     Snapshot,
     TaskRequest,
 )
+from services.scheduler.explain import PendingNotices
 from shared.events import (
     RETURNED,
     TIME_LIMIT_REACHED,
@@ -203,6 +204,7 @@ class SchedulerState:
         self.jobs: dict[str, SchedJob] = {}
         self.telemetry: dict[str, NodeTelemetry] = {}
         self.pending_reasons: dict[str, str] = {}
+        self.notices = PendingNotices()  # job.waiting: why a job waits, when that changes
         self.finished: set[str] = set()  # ended jobs, evicted from ``jobs`` once persisted
         self._node_cache: tuple[Node, ...] | None = None
         self._allocs: dict[tuple[str, str, int], Allocation] = {}
@@ -601,6 +603,10 @@ class SchedulerState:
         self.needs_cycle = False
         plan = self.placer(self.snapshot(now))
         self.pending_reasons = {k: v.value for k, v in plan.pending.items()}
+        admitted = {j: job.attempt for j in plan.pending
+                    if (job := self.jobs.get(j)) is not None and job.state is JobState.ADMITTED}
+        for notice, event_id in self.notices.update(plan, admitted, now, self.epoch):
+            out.emit(notice, self.SOURCE, event_id=event_id)
         for pre in plan.preemptions:
             victim = self.jobs.get(pre.job_id)
             if victim is None or victim.preempted_by or victim.state not in (

@@ -20,10 +20,14 @@ def add_ops_routes(app: FastAPI, ready: ReadyCheck) -> None:
 
     @app.get("/readyz", include_in_schema=False)
     async def readyz(response: Response) -> dict[str, object]:
+        """200 when every dependency answers; 503 naming those that do not."""
         checks = await ready()
-        ok = all(checks.values())
-        response.status_code = 200 if ok else 503
-        return {"ready": ok, "checks": checks}
+        failing = [name for name, up in checks.items() if not up]
+        response.status_code = 503 if failing else 200
+        body: dict[str, object] = {"ready": not failing, "checks": checks}
+        if failing:
+            body["detail"] = f"not ready: {', '.join(failing)} unreachable"
+        return body
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics_endpoint() -> Response:

@@ -29,10 +29,15 @@ def _version() -> str:
         return "dev"
 
 
-async def check_database(engine: AsyncEngine) -> bool:
-    try:
+async def check_database(engine: AsyncEngine, timeout_s: float = 2.0) -> bool:
+    """A round trip, connecting included: a database that accepts connections but never
+    answers (a network partition) must not hold /readyz past the probe's timeout."""
+    async def probe() -> None:
         async with engine.connect() as conn:
-            await asyncio.wait_for(conn.execute(text("SELECT 1")), 2)
+            await conn.execute(text("SELECT 1"))
+
+    try:
+        await asyncio.wait_for(probe(), timeout_s)
         return True
     except Exception:
         return False

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from aiokafka import TopicPartition
@@ -28,7 +28,7 @@ from shared.events import Binding, Envelope, Event, NodeRegistered, utcnow
 from shared.http import HttpServer, ops_app
 from shared.logging import get_logger
 from shared.service import ServiceRuntime
-from shared.topics import BINDINGS
+from shared.topics import BINDINGS, topic_for
 
 log = get_logger(__name__)
 RuntimeFactory = Callable[[ExitCallback], Runtime]
@@ -116,6 +116,13 @@ class AgentHost:
     async def publish(self, event: Event, event_id: str | None) -> None:
         await self.rt.producer.publish(event, event_id=event_id)
 
+    async def publish_all(self, events: Sequence[Event]) -> None:
+        """Every node's event in one batch: one wait for the acknowledgements, not one
+        round trip per node (300 simulated nodes: ~0.5 s a round otherwise)."""
+        producer = self.rt.producer
+        await producer.publish_many([(Envelope.wrap(e, producer.source, None), topic_for(e).name)
+                                     for e in events])
+
     async def handle(self, env: Envelope, event: Event) -> None:
         if isinstance(event, Binding):
             agent = self.agents.get(event.node_id)
@@ -133,21 +140,32 @@ class AgentHost:
         return f"node-agent.{self.settings.node_id}.{digest}"
 
     async def register(self) -> None:
-        for agent in self.agents.values():
-            await self.publish(NodeRegistered(inventory=agent.inventory,
-                                              agent_started_at=self.started_at), None)
+        await self.publish_all([NodeRegistered(inventory=agent.inventory,
+                                               agent_started_at=self.started_at)
+                                for agent in self.agents.values()])
+
+    @staticmethod
+    async def _every(period_s: float, beat: Callable[[], Awaitable[None]]) -> None:
+        """At a fixed rate: the time a round takes does not stretch the interval (a
+        round that overran starts the next one at once, never a burst of catch-ups)."""
+        loop = asyncio.get_running_loop()
+        due = loop.time()
+        while True:
+            due = max(due + period_s, loop.time())
+            await asyncio.sleep(due - loop.time())
+            await beat()
 
     async def heartbeats(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.heartbeat_s)
-            for agent in self.agents.values():
-                await self.publish(agent.heartbeat(), None)
+        async def beat() -> None:
+            await self.publish_all([agent.heartbeat() for agent in self.agents.values()])
+
+        await self._every(self.settings.heartbeat_s, beat)
 
     async def telemetry(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.telemetry_s)
-            for agent in self.agents.values():
-                await self.publish(await agent.tick(), None)  # the share watchdog's sample too
+        async def beat() -> None:  # each sample also feeds that node's share watchdog
+            await self.publish_all([await agent.tick() for agent in self.agents.values()])
+
+        await self._every(self.settings.telemetry_s, beat)
 
     async def reconcile(self) -> None:
         for agent in self.agents.values():

@@ -2,6 +2,9 @@
 
 A task is identified by ``TaskLaunch.key`` (``<job_id>/<task_id>/<attempt>``), unique
 per attempt, so a redelivered binding maps to the same key and is started once.
+
+Importable on Python 3.9 (no ``slots=True``), as is the local-process runtime:
+``scripts/gpu_check.sh`` runs them with a GPU host's own Python.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class GpuGrant:
     """A GPU (or share of one) granted to the task."""
 
@@ -21,7 +24,7 @@ class GpuGrant:
     compute_pct: int = 100
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class TaskLaunch:
     job_id: str
     task_id: str
@@ -41,7 +44,7 @@ class TaskLaunch:
         return f"{self.job_id}/{self.task_id}/{self.attempt}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class TaskExit:
     key: str
     exit_code: int

@@ -126,7 +126,7 @@ async def _until(predicate: Any, timeout_s: float) -> bool:
 
 def _cpu(proc: psutil.Process) -> float:
     t = proc.cpu_times()
-    return t.user + t.system
+    return float(t.user + t.system)
 
 
 async def measure(bootstrap: str, nodes: int = 300, seconds: float = 10.0,

@@ -60,9 +60,8 @@ class AgentHost:
                                            settings.sim_gpu_model, settings.sim_gpu_memory_mib)
                 self._add(name, devices, SimulatedRuntime)
         elif settings.node_runtime in ("process", "kubernetes"):
-            devices = real_devices(settings)
-            self._add(settings.node_id, devices,
-                      lambda on_exit: self._real_runtime(devices, on_exit))
+            real = real_devices(settings)
+            self._add(settings.node_id, real, lambda on_exit: self._real_runtime(real, on_exit))
         else:
             raise SystemExit(f"KAIROS_NODE_RUNTIME must be simulated, process or kubernetes, "
                              f"not {settings.node_runtime!r}")

@@ -250,7 +250,7 @@ class KubernetesRuntime:
         """Create the gang's Service, or add this Pod to its owners (strategic merge on
         ``ownerReferences`` merges by uid): it lives while any Pod of the gang does."""
         body = self._service_spec(launch, pod)
-        name = body.metadata.name
+        name = gang_service(launch.job_id, launch.attempt)
         for _ in range(3):  # a Service being collected with its last owner is made again
             try:
                 await self._call("create_namespaced_service", self._ns, body)

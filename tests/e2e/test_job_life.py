@@ -159,13 +159,14 @@ def metric(text: str, name: str, **labels: str) -> float:
 
 def test_two_hundred_jobs_reach_their_end_with_no_gpu_double_booked(stack: Stack) -> None:
     specs = job_specs(196)
-    # two long jobs to cancel while running, one gang that can never fit (cancelled pending)
+    # two long jobs to cancel while running, and a gang of the whole cluster (32 GPUs),
+    # which cannot start while long-a holds a GPU: cancelled while pending
     specs += [{"name": "long-a", "duration": 300, "tasks": [{"name": "w",
                                                               "resources": {"gpu": 1}}]},
               {"name": "long-b", "duration": 300, "tasks": [{"name": "w", "replicas": 2,
                                                               "resources": {"gpu": 2}}]},
-              {"name": "too-big", "minAvailable": 5,
-               "tasks": [{"name": "w", "replicas": 5, "resources": {"gpu": 8}}]}]
+              {"name": "whole-cluster", "minAvailable": 4,
+               "tasks": [{"name": "w", "replicas": 4, "resources": {"gpu": 8}}]}]
     specs.append({"name": "cancel-me-early", "duration": 300,
                   "tasks": [{"name": "w", "resources": {"gpu": 1}}]})
     ids = asyncio.run(submit_all(stack, specs))
@@ -179,12 +180,17 @@ def test_two_hundred_jobs_reach_their_end_with_no_gpu_double_booked(stack: Stack
             while c.get(f"/v1/jobs/{by_name[name]}").json()["state"] != "running":
                 assert time.monotonic() < deadline, f"{name} never started"
                 time.sleep(0.2)
+        assert c.get(f"/v1/jobs/{by_name['whole-cluster']}").json()["state"] == "admitted"
+        assert c.delete(f"/v1/jobs/{by_name['whole-cluster']}").status_code == 202
+        for name in ("long-a", "long-b"):
             assert c.delete(f"/v1/jobs/{by_name[name]}").status_code == 202
-        assert c.get(f"/v1/jobs/{by_name['too-big']}").json()["state"] == "admitted"
-        assert c.delete(f"/v1/jobs/{by_name['too-big']}").status_code == 202
+        # a gang larger than the whole cluster is refused, not queued forever
+        r = c.post("/v1/jobs", json={"name": "too-big", "minAvailable": 5, "tasks": [
+            {"name": "w", "replicas": 5, "resources": {"gpu": 8}}]})
+        assert r.status_code == 422 and r.json()["detail"][0]["type"] == "never_fits", r.text
 
     states = wait_terminal(stack, ids)
-    cancelled = {by_name[n] for n in ("long-a", "long-b", "too-big", "cancel-me-early")}
+    cancelled = {by_name[n] for n in ("long-a", "long-b", "whole-cluster", "cancel-me-early")}
     assert {i: states[i] for i in cancelled} == dict.fromkeys(cancelled, "cancelled")
     assert all(states[i] == "succeeded" for i in ids if i not in cancelled)
 

@@ -74,6 +74,8 @@ def submit(
                                          dir_okay=False)],
     url: UrlOpt = None, token: TokenOpt = None,
     idempotency_key: Annotated[str | None, typer.Option(help="makes a retry safe")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the job id "
+                                        "(like sbatch --parsable)")] = False,
 ) -> None:
     """Submit a job (like sbatch / vcctl job run)."""
     headers = {"Content-Type": "application/yaml"}
@@ -81,6 +83,9 @@ def submit(
         headers["Idempotency-Key"] = idempotency_key
     with _client(url, token) as c:
         job = _request(c, "POST", "/v1/jobs", content=file.read_bytes(), headers=headers)
+    if quiet:
+        print(job["id"])
+        return
     console.print(f"submitted [bold]{job['id']}[/] ({job['name']}) to queue {job['queue']}")
 
 

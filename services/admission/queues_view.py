@@ -96,17 +96,18 @@ async def waiting(engine: AsyncEngine, job_id: str) -> dict[str, Any] | None:
 
 async def apply_job_waiting(conn: AsyncConnection, event_id: str, ev: JobWaiting,
                             occurred_at: datetime) -> None:
-    """The scheduler's reason an admitted job is not placed yet. A new reason also goes
-    into the job's history (``admitted``, ``waiting: <reason>``), so ``describe`` shows
-    why it waited; a moved estimate only updates the row. Ignored for a job that is
-    placed, ended or on a later attempt by now."""
+    """The scheduler's reason an admitted job is not placed yet. The first reason of a
+    wait also goes into the job's history (``admitted``, ``waiting: <reason>``), so
+    ``describe`` shows why it waited; later ones (on a busy cluster a gang's reason can
+    flip between no_fit and gang_incomplete every cycle) and moved estimates only update
+    the row. Ignored for a job that is placed, ended or on a later attempt by now."""
     job = (await conn.execute(text(
         """SELECT j.state, j.attempt, w.reason AS said FROM jobs j
            LEFT JOIN queue_waiting_view w ON w.job_id = j.id AND w.position = 0
            WHERE j.id = :j"""), {"j": ev.job_id})).first()
     if job is None or job.state not in ("pending", "admitted") or job.attempt > ev.attempt:
         return
-    if job.said != ev.reason:
+    if job.said is None:
         await conn.execute(text(
             """INSERT INTO job_events (event_id, job_id, state, reason, attempt, message,
                    occurred_at)

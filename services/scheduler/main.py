@@ -38,7 +38,7 @@ for _r in PreemptReason:  # every reason is a series from the start (0 until it 
     PREEMPTIONS.labels(_r.value)
 IS_LEADER = Gauge("kairos_scheduler_is_leader", "1 while this process leads")
 EPOCH = Gauge("kairos_scheduler_epoch", "The fencing epoch of this leader")
-NODES = Gauge("kairos_scheduler_nodes", "Nodes by scheduling state (cordon / drain)",
+NODES = Gauge("kairos_scheduler_nodes", "Live nodes by scheduling state (cordon / drain; lost ones not counted)",
               ["scheduling"])
 
 
@@ -121,7 +121,7 @@ class SchedulerService:
                 PENDING.labels(str(reason)).set(reasons.count(reason))
         out, self.out = self.out, Output()
         if out.dirty_nodes or cycled:
-            states = [self.state.scheduling_of(v) for v in self.state.nodes.values()]
+            states = [self.state.scheduling_of(v) for v in self.state.nodes.values() if not v.lost]
             for s in NodeSchedulability:
                 NODES.labels(s.value).set(states.count(s))
         t1 = time.perf_counter()

@@ -75,9 +75,9 @@ def test_submit_every_example_and_watch_it_succeed(stack: Stack) -> None:
 def test_watch_says_how_a_cancelled_or_unknown_job_ended(stack: Stack, tmp_path: Path) -> None:
     spec = tmp_path / "long.yaml"
     spec.write_text("name: long\nduration: 600\ntasks: [{name: w, resources: {gpu: 1}}]\n")
-    code, out = run_cli(stack, "submit", str(spec))
-    assert code == 0, out
-    job_id = re.search(r"submitted (j-[0-9a-f]+)", out)[1]  # type: ignore[index]
+    code, out = run_cli(stack, "submit", "--quiet", str(spec))  # only the id, for scripts
+    assert code == 0 and re.fullmatch(r"j-[0-9a-f]+\n", out), out
+    job_id = out.strip()
     assert run_cli(stack, "cancel", job_id)[0] == 0
     code, out = run_cli(stack, "watch", job_id, "--no-tasks")
     assert code == 5 and f"job {job_id} cancelled" in out, out

@@ -164,14 +164,22 @@ def nodes(url: UrlOpt = None, token: TokenOpt = None) -> None:
     """Nodes with their GPUs and allocation."""
     with _client(url, token) as c:
         rows = _request(c, "GET", "/v1/nodes")
-    t = Table("node", "state", "gpus", "allocated", "shared", "model")
+    t = Table("node", "state", "gpus", "allocated", "shared", "health", "model")
     for n in rows:
         model = n["inventory"]["gpus"][0]["model"] if n["inventory"]["gpus"] else "-"
         state = n["state"] if n.get("scheduling", "schedulable") == "schedulable" \
             else f"{n['state']},{n['scheduling']}"
         t.add_row(n["node_id"], state, str(n["gpus_total"]), str(n["gpus_allocated"]),
-                  str(n["gpus_shared"]), model)
+                  str(n["gpus_shared"]), _gpu_health(n.get("gpu_health") or []), model)
     console.print(t)
+
+
+def _gpu_health(gpus: list[dict[str, Any]]) -> str:
+    """'ok', or how many GPUs are unhealthy by kind: '2 degraded'."""
+    counts: dict[str, int] = {}
+    for g in gpus:
+        counts[g["health"]] = counts.get(g["health"], 0) + 1
+    return ", ".join(f"{n} {h}" for h, n in sorted(counts.items())) or "ok"
 
 
 token_app = typer.Typer(help="API tokens per tenant (admin): create, list, revoke.",

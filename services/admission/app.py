@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.admission import cursor as page_cursor
 from services.admission import openapi_errors, policy, ratelimit, store, tokens
 from services.admission.auth import Principal, authenticate, require_admin
+from services.admission.node_health import GpuHealthOut
 from services.admission.routes_environments import router as environments_router
 from services.admission.routes_jobs_stream import router as jobs_stream_router
 from services.admission.routes_logs import router as logs_router
@@ -122,6 +123,9 @@ class NodeOut(BaseModel):
     scheduling: str = Field(default="schedulable", description="schedulable, cordoned, "
                             "draining or drained (POST /v1/nodes/{id}/cordon|drain|uncordon)")
     scheduling_reason: str = ""
+    gpu_health: list[GpuHealthOut] = Field(
+        default_factory=list, description="the GPUs the node's agent reports not healthy, "
+        "with the telemetry that said so; empty when all are healthy")
 
 
 class Me(BaseModel):
@@ -362,7 +366,8 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
                 allocations=[a if caller.admin or a["tenant"] == caller.tenant
                              else {"gpus": a["gpus"]} for a in n["allocations"]],
                 scheduling=n.get("scheduling", "schedulable"),
-                scheduling_reason=n.get("scheduling_reason", "")))
+                scheduling_reason=n.get("scheduling_reason", ""),
+                gpu_health=n.get("gpu_health") or []))
         return out
 
     @app.get("/v1/me", response_model=Me)

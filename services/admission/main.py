@@ -7,13 +7,20 @@ from datetime import timedelta
 
 from services.admission import store, tokens
 from services.admission.app import create_app
+from services.admission.node_health import GpuHealthTracker
 from services.admission.settings import AdmissionSettings
 from shared.bus import Consumer, ConsumerOptions
 from shared.events import Envelope, Event
 from shared.http import HttpServer
 from shared.outbox import OutboxRelay
 from shared.service import ServiceRuntime
-from shared.topics import BINDINGS, JOBS_STATUS, NODES_LIFECYCLE, QUEUES_EVENTS
+from shared.topics import (
+    BINDINGS,
+    JOBS_STATUS,
+    NODES_LIFECYCLE,
+    NODES_TELEMETRY,
+    QUEUES_EVENTS,
+)
 
 
 async def main(settings: AdmissionSettings | None = None) -> None:
@@ -25,16 +32,18 @@ async def main(settings: AdmissionSettings | None = None) -> None:
     if settings.dev_token:  # the embedded stack's (or a deployment's bootstrap) admin token
         await tokens.ensure_dev_token(engine, settings.dev_token)
 
+    gpu_health = GpuHealthTracker()  # what nodes_view holds, so steady telemetry costs nothing
+
     async def handle(env: Envelope, event: Event) -> None:
-        await store.apply_events(engine, [(env, event)])
+        await store.apply_events(engine, [(env, event)], gpu_health)
 
     async def handle_batch(items: list[tuple[Envelope, Event]]) -> None:
-        await store.apply_events(engine, items)
+        await store.apply_events(engine, items, gpu_health)
 
     rt.add_consumer(Consumer(
         settings,
         ConsumerOptions("admission", [JOBS_STATUS.name, BINDINGS.name, NODES_LIFECYCLE.name,
-                                     QUEUES_EVENTS.name],
+                                     QUEUES_EVENTS.name, NODES_TELEMETRY.name],
                         fetch_max_wait_ms=50),
         handle, rt.producer, batch_handler=handle_batch))
     relay = OutboxRelay(engine, rt.producer, settings.database_url,

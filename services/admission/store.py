@@ -11,6 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.admission import ops_views, usage
+from services.admission.node_health import GpuHealthTracker
 from services.admission.queues_view import apply_job_waiting, apply_queue_event, end_job_waiting
 from shared.events import (
     Binding,
@@ -27,6 +28,7 @@ from shared.events import (
     NodeLost,
     NodeRegistered,
     NodeSchedulingChanged,
+    NodeTelemetry,
     QueueChanged,
     QueueStatus,
     utcnow,
@@ -171,13 +173,35 @@ async def request_cancel(engine: AsyncEngine, job_id: str, requested_by: str) ->
 # --- the read model, fed by jobs.status, bindings and nodes.lifecycle -------------------
 
 
-async def apply_events(engine: AsyncEngine, items: list[tuple[Envelope, Event]]) -> None:
+async def apply_events(engine: AsyncEngine, items: list[tuple[Envelope, Event]],
+                       gpu_health: GpuHealthTracker | None = None) -> None:
     """Apply a batch of events to the read model in one transaction. The read model can
-    be rebuilt from the topics, so it does not wait for its commit to reach disk."""
+    be rebuilt from the topics, so it does not wait for its commit to reach disk.
+    Telemetry counts only with ``gpu_health`` (the consumer's memory of what is stored);
+    samples that change nothing open no transaction."""
+    items = [(env, ev) for env, ev in items if not isinstance(ev, NodeTelemetry)
+             or (gpu_health is not None and not gpu_health.skip(ev))]
+    if not items:
+        return
+    try:
+        await _apply_events(engine, items, gpu_health)
+    except BaseException:
+        if gpu_health is not None:
+            gpu_health.rollback()
+        raise
+    if gpu_health is not None:
+        gpu_health.commit()
+
+
+async def _apply_events(engine: AsyncEngine, items: list[tuple[Envelope, Event]],
+                        gpu_health: GpuHealthTracker | None) -> None:
     async with engine.begin() as conn:
         await conn.execute(text("SET LOCAL synchronous_commit = off"))
         for env, event in items:
-            if isinstance(event, JobStatus):
+            if isinstance(event, NodeTelemetry):
+                assert gpu_health is not None  # filtered above
+                await gpu_health.apply(conn, event)
+            elif isinstance(event, JobStatus):
                 await apply_status(conn, env.id, event, env.occurred_at)
                 if event.connection is not None:
                     await ops_views.apply_connection(conn, event)

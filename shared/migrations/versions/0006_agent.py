@@ -1,4 +1,4 @@
-"""Node agent: logs, dataset cache (issue 6).
+"""Node agent: logs, dataset cache (issue 6); GPU health in the node read model.
 
 Revision ID: 0006
 """
@@ -19,9 +19,19 @@ def _run(sql: str) -> None:
 
 
 def upgrade() -> None:
-    # Reserved so parallel work can each own one revision; no tables yet.
-    _run("SELECT 1")
+    # admission: the node read model's unhealthy GPUs from nodes.telemetry (a list of
+    # {index, health, readings}), the set in short form that decides a write, and when
+    # it last changed.
+    _run("""
+    ALTER TABLE nodes_view ADD COLUMN gpu_health jsonb NOT NULL DEFAULT '[]';
+    ALTER TABLE nodes_view ADD COLUMN gpu_health_key text NOT NULL DEFAULT '';
+    ALTER TABLE nodes_view ADD COLUMN gpu_health_changed_at timestamptz
+    """)
 
 
 def downgrade() -> None:
-    pass
+    _run("""
+    ALTER TABLE nodes_view DROP COLUMN IF EXISTS gpu_health_changed_at;
+    ALTER TABLE nodes_view DROP COLUMN IF EXISTS gpu_health_key;
+    ALTER TABLE nodes_view DROP COLUMN IF EXISTS gpu_health
+    """)

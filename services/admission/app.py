@@ -22,7 +22,8 @@ from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission import cursor as page_cursor
-from services.admission import openapi_errors, policy, ratelimit, store, tokens
+from services.admission import openapi_errors, ratelimit, store, tokens
+from services.admission.accept import accept
 from services.admission.auth import Principal, authenticate, require_admin
 from services.admission.node_health import GpuHealthOut
 from services.admission.routes_environments import router as environments_router
@@ -32,7 +33,6 @@ from services.admission.routes_nodes_ops import router as nodes_ops_router
 from services.admission.routes_queues import (
     PlacementWaitOut,
     WaitingOut,
-    check_submit,
     placement_wait_of,
     waiting_of,
 )
@@ -246,10 +246,7 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
     ) -> JobOut:
         await ratelimit.check_submit(engine, settings, caller.tenant)
         spec = await _read_spec(request)
-        await policy.check_submit(request.app, spec)
-        await check_submit(engine, spec.queue, caller, spec)  # an open queue, within quota
-        row, created = await store.insert_job(engine, spec, caller.tenant, caller.user,
-                                              idempotency_key)
+        row, created = await accept(request, caller, spec, idempotency_key)
         if not created:
             response.status_code = status.HTTP_200_OK
         response.headers["Location"] = f"/v1/jobs/{row['id']}"

@@ -20,9 +20,9 @@ from pydantic.alias_generators import to_camel
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.admission import policy, ratelimit, store
+from services.admission import ratelimit, store
+from services.admission.accept import accept
 from services.admission.auth import Principal, authenticate
-from services.admission.routes_queues import check_submit as check_queue
 from shared.events import RETURNED, CommandAction, Connection, JobCommand, JobState
 from shared.jobspec import JobSpec, PriorityClass, parse_job_spec
 from shared.outbox import add_to_outbox
@@ -162,10 +162,7 @@ async def request_environment(
     except ValidationError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
                             detail=_validation_detail(exc)) from exc
-    await policy.check_submit(request.app, spec)
-    await check_queue(engine, spec.queue, caller, spec)  # an open queue, within quota
-    row, created = await store.insert_job(engine, spec, caller.tenant, caller.user,
-                                          idempotency_key)
+    row, created = await accept(request, caller, spec, idempotency_key)
     if not created:
         response.status_code = status.HTTP_200_OK
     response.headers["Location"] = f"/v1/environments/{row['id']}"

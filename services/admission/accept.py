@@ -1,0 +1,24 @@
+"""Accepting a submit: the checks every kind of work passes before it is stored, in one
+place, so a batch job and an interactive environment are held to the same rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+
+from services.admission import policy, store
+from services.admission.auth import Principal
+from services.admission.routes_queues import check_submit as check_queue
+from shared.jobspec import JobSpec
+
+
+async def accept(request: Request, caller: Principal, spec: JobSpec,
+                 idempotency_key: str | None) -> tuple[dict[str, Any], bool]:
+    """Size and fit policy, then an open queue the caller may use with the job within
+    its quota ceiling; then the row and its outbox event in one transaction. Returns the
+    job row and whether it was created (False: the same Idempotency-Key came before)."""
+    await policy.check_submit(request.app, spec)
+    await check_queue(request.app.state.engine, spec.queue, caller, spec)
+    return await store.insert_job(request.app.state.engine, spec, caller.tenant, caller.user,
+                                  idempotency_key)

@@ -275,7 +275,8 @@ class Consumer:
             if high is None:
                 continue
             pos = await self._consumer.position(tp)
-            metrics.CONSUMER_LAG.labels(self._service, tp.topic, str(tp.partition)).set(
+            metrics.CONSUMER_LAG.labels(self._service, self.options.group_id, tp.topic,
+                                        str(tp.partition)).set(
                 max(0, high - pos)
             )
 

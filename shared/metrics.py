@@ -7,7 +7,7 @@ from prometheus_client import Counter, Gauge, Histogram
 CONSUMER_LAG = Gauge(
     "kairos_consumer_lag",
     "Messages not yet consumed: highwater minus position",
-    ["service", "topic", "partition"],
+    ["service", "group", "topic", "partition"],
 )
 HANDLER_SECONDS = Histogram(
     "kairos_handler_seconds",

@@ -237,8 +237,8 @@ def test_two_hundred_jobs_reach_their_end_with_no_gpu_double_booked(stack: Stack
     assert metric(adm, "kairos_outbox_pending") == 0
     assert metric(adm, "kairos_http_requests_total", route="/v1/jobs", method="POST",
                   status="201") >= 200
-    assert metric(adm, "kairos_consumer_lag", service="admission", topic="jobs.status",
-                  partition="0") == 0
+    assert metric(adm, "kairos_consumer_lag", service="admission", group="admission",
+                  topic="jobs.status", partition="0") == 0
 
 
 def test_nodes_endpoint_shows_inventory_and_allocation(stack: Stack) -> None:

@@ -199,3 +199,22 @@ async def test_reachable_follows_the_broker() -> None:
         b.stop()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(p.stop(), 5)
+
+
+async def test_lag_is_reported_per_consumer_group(broker: str, producer: Producer) -> None:
+    """Two consumers of one service reading the same topic in different groups (the
+    monitor's shard and view) each have their own lag series, not one overwriting the other."""
+    from prometheus_client import REGISTRY
+
+    topic = await fresh_topic(broker, partitions=1)
+    for i in range(3):
+        await producer.publish_envelope(Envelope.wrap(status(f"j{i}"), "test"), topic)
+    groups = ["g-" + uuid.uuid4().hex[:6] for _ in range(2)]
+    for group in groups:
+        got, handle = collector()
+        await consume_until(Consumer(settings(broker), ConsumerOptions(group, [topic]), handle,
+                                     producer), lambda got=got: len(got) == 3)
+    service = settings(broker).service_name
+    lags = [REGISTRY.get_sample_value("kairos_consumer_lag", {
+        "service": service, "group": g, "topic": topic, "partition": "0"}) for g in groups]
+    assert lags == [0.0, 0.0]

@@ -68,6 +68,14 @@ def plot(results: dict[str, dict[str, list[FillResult]]], path: Path) -> None:
     plt.close(fig)
 
 
+def _kairos_args() -> str:
+    """The packing weights the run used (the plugin's defaults), for the protocol."""
+    from scheduling.plugins.kairos_pack import KairosPackArgs
+
+    a = KairosPackArgs()
+    return f"cpu_weight={a.cpu_weight}, hole_weight={a.hole_weight}, dead_hole_pct={a.dead_hole_pct}"
+
+
 def main(lists: Sequence[str], seeds: Sequence[int], out: Path) -> dict[str, object]:
     t0 = time.perf_counter()
     results = run_lists(lists, seeds)
@@ -79,7 +87,7 @@ def main(lists: Sequence[str], seeds: Sequence[int], out: Path) -> dict[str, obj
         "metric": "mean allocated milli-GPU / capacity (%) once 130% of capacity has arrived",
         "placement": "scheduling core plugins: random, bestfit, fgd(score=paper, levels=100), "
                      "Kairos = kairos (FGD's fragmentation + CPU stranding + expected GPU-hole "
-                     "leftover; cpu_weight=1, hole_weight=0.5, dead_hole_pct=10)",
+                     f"leftover; {_kairos_args()})",
         "fgd_workload": "typical pods: CPU tasks included, most popular types until 95% (step 1)",
         "published": PUBLISHED, "wall_s": round(time.perf_counter() - t0, 1),
     }

@@ -24,28 +24,30 @@ def degrafana(expr: str) -> str:
     return re.sub(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?", ".*", expr)
 
 
+def vector_selector_nodes(node: object) -> Iterator[promql_parser.VectorSelector]:
+    """Every vector selector in a parsed expression (inside ranges, calls, operators)."""
+    if isinstance(node, promql_parser.VectorSelector):
+        yield node
+        return
+    if isinstance(node, promql_parser.MatrixSelector):
+        yield from vector_selector_nodes(node.vector_selector)
+        return
+    if isinstance(node, promql_parser.Call):
+        for arg in node.args:
+            yield from vector_selector_nodes(arg)
+        return
+    for attr in ("expr", "lhs", "rhs", "param"):
+        child = getattr(node, attr, None)
+        if isinstance(child, promql_parser.Expr):
+            yield from vector_selector_nodes(child)
+
+
 def selectors(expr: str) -> Iterator[tuple[str, set[str]]]:
     """(metric name, label names matched) for every vector selector in expr."""
-
-    def walk(node: object) -> Iterator[tuple[str, set[str]]]:
-        if isinstance(node, promql_parser.VectorSelector):
-            matchers = node.matchers.matchers
-            name = node.name or next((m.value for m in matchers if m.name == "__name__"), "")
-            yield name, {m.name for m in matchers if m.name != "__name__"}
-            return
-        if isinstance(node, promql_parser.MatrixSelector):
-            yield from walk(node.vector_selector)
-            return
-        if isinstance(node, promql_parser.Call):
-            for arg in node.args:
-                yield from walk(arg)
-            return
-        for attr in ("expr", "lhs", "rhs", "param"):
-            child = getattr(node, attr, None)
-            if isinstance(child, promql_parser.Expr):
-                yield from walk(child)
-
-    yield from walk(promql_parser.parse(expr))
+    for node in vector_selector_nodes(promql_parser.parse(expr)):
+        matchers = node.matchers.matchers
+        name = node.name or next((m.value for m in matchers if m.name == "__name__"), "")
+        yield name, {m.name for m in matchers if m.name != "__name__"}
 
 
 def promtool_check(exprs: list[str]) -> tuple[int, str]:

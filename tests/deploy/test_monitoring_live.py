@@ -33,7 +33,7 @@ from kairos.stack import Stack
 from shared.bus import Producer
 from shared.events import GpuHealth, GpuTelemetry, NodeTelemetry, QueueChanged
 from tests.deploy.conftest import ROOT, tool
-from tests.deploy.promql import degrafana
+from tests.deploy.promql import degrafana, vector_selector_nodes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.broker, pytest.mark.db]
 
@@ -245,7 +245,7 @@ def test_every_series_an_alert_reads_exists_and_every_rule_evaluates(
     rules = [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]]
     missing = []
     for rule in rules:
-        for selector in vector_selectors(promql_parser.parse(rule["expr"])):
+        for selector in map(str, vector_selector_nodes(promql_parser.parse(rule["expr"]))):
             if not prom.get("/api/v1/query", query=selector)["result"]:
                 missing.append(f"{rule['alert']}: {selector}")
     assert not missing, "series no target exports:\n" + "\n".join(missing)
@@ -263,22 +263,3 @@ def test_every_target_is_scraped(live: tuple[Stack, Prometheus, float]) -> None:
     assert {t["labels"]["job"] for t in targets} == {
         "kairos-admission", "kairos-queueing", "kairos-scheduler", "kairos-monitor",
         "kairos-node-agent"}
-
-
-def vector_selectors(node: object) -> Iterator[str]:
-    import promql_parser
-
-    if isinstance(node, promql_parser.VectorSelector):
-        yield str(node)
-        return
-    if isinstance(node, promql_parser.MatrixSelector):
-        yield from vector_selectors(node.vector_selector)
-        return
-    if isinstance(node, promql_parser.Call):
-        for arg in node.args:
-            yield from vector_selectors(arg)
-        return
-    for attr in ("expr", "lhs", "rhs", "param"):
-        child = getattr(node, attr, None)
-        if isinstance(child, promql_parser.Expr):
-            yield from vector_selectors(child)

@@ -67,14 +67,14 @@ class Priority(Plugin):
         cycle.role_rank = {r: i for i, r in enumerate(self.args.role_order)}
         cycle.starvation_bound_s = self.args.starvation_bound_s
 
-    def bound(self, cycle: Cycle) -> float:
+    def bound(self, cycle: Cycle, longest_wait: float) -> float:
         """The starvation bound this cycle. Under sustained overload no fixed bound can
         be kept (the backlog grows without end) and keeping it anyway turns the queue
         into FIFO; so the promise becomes: no job waits past ``backlog_factor`` times the
         time the whole cluster needs to clear the work queued and running now."""
         a = self.args
-        if a.backlog_factor <= 0 or cycle.capacity.gpu <= 0:
-            return a.starvation_bound_s
+        if a.backlog_factor <= 0 or cycle.capacity.gpu <= 0 or longest_wait < a.starvation_bound_s:
+            return a.starvation_bound_s  # (the stretched bound is never shorter: skip its sums)
         c = cycle.cols
         gpus = c[jc.GPUS]
         done = np.where(gpus > 0, c[jc.ATTAINED] / np.maximum(gpus, 1e-9), 0.0)
@@ -95,7 +95,7 @@ class Priority(Plugin):
         submit = c[jc.SUBMIT]
         wait = waited(cycle)
         prio = c[jc.STATIC] + a.aging_per_hour * wait / 3600.0 + a.parallelism_weight * np.log2(1.0 + c[jc.GPUS])
-        starved = wait >= self.bound(cycle)
+        starved = wait >= self.bound(cycle, float(wait.max(initial=0.0)))
         cycle.job_priority, cycle.job_starved = prio, starved  # the scheduler copies them to JobInfo
         # starved jobs go oldest first, the rest by combined priority
         return [np.where(starved, 0.0, 1.0), np.where(starved, submit, -prio)]

@@ -113,12 +113,13 @@ async def read_topic(bootstrap: str, topic: str) -> list[Envelope]:
 
 def assert_no_gpu_double_booked(bindings: list[Envelope], statuses: list[Envelope]) -> int:
     """Rebuild each task's hold on its GPUs (binding → terminal report) and check that
-    no physical GPU was ever over-committed in memory or compute."""
+    no physical GPU was ever over-committed in memory or compute. Returns the tasks
+    started, the replicas elastic jobs grew included (as the scheduler counts them)."""
     start: dict[tuple[str, int, str], tuple[float, str, list[Any]]] = {}
     for env in bindings:
         b = env.payload()
         assert isinstance(b, Binding)
-        if b.action is BindingAction.ALLOCATE:
+        if b.action in (BindingAction.ALLOCATE, BindingAction.RESIZE):  # resize: grown replicas
             for t in b.tasks:
                 start.setdefault((b.job_id, b.attempt, t.task_id),
                                  (env.occurred_at.timestamp(), b.node_id, list(t.gpus)))

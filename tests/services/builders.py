@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.scheduler.state import Output, SchedulerState
 from shared.events import GpuInfo, JobReady, NodeInventory, NodeRegistered, utcnow
 from shared.jobspec import parse_job_spec
 
@@ -61,3 +62,14 @@ def node(node_id: str, gpus: int = 8) -> NodeRegistered:
             gpus=[GpuInfo(index=i, uuid=f"GPU-{node_id}-{i}", model="H100", memory_mib=81559)
                   for i in range(gpus)]),
         agent_started_at=utcnow())
+
+
+def step(s: SchedulerState, *events: object, now: float = 0.0) -> Output:
+    """Feed events to the scheduler's bookkeeping, then run a cycle if one is due: what
+    the service does for one batch, without Kafka or the database."""
+    out = Output()
+    for e in events:
+        s.handle(e, out)  # type: ignore[arg-type]
+    if s.needs_cycle:
+        s.cycle(now, out)
+    return out

@@ -26,22 +26,13 @@ from shared.events import (
     utcnow,
 )
 from tests.node_agent.harness import running_agent
-from tests.services.builders import node, ready
+from tests.services.builders import node, ready, step
 from tests.services.test_agent_shell import Recorder, binding, make_agent, wait_for
 
 
 def reconciles(out: Output) -> list[Binding]:
     return [b for e, t in out.events if t == "bindings" for b in [e.payload()]
             if isinstance(b, Binding) and b.action is BindingAction.RECONCILE]
-
-
-def step(s: SchedulerState, *events: object) -> Output:
-    out = Output()
-    for e in events:
-        s.handle(e, out)  # type: ignore[arg-type]
-    if s.needs_cycle:
-        s.cycle(0.0, out)
-    return out
 
 
 def running(job: str, task: str, node_id: str, attempt: int = 1) -> JobStatus:

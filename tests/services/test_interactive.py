@@ -41,7 +41,7 @@ from shared.events import (
     utcnow,
 )
 from shared.jobspec import JobSpec, parse_job_spec
-from tests.services.builders import node
+from tests.services.builders import node, step
 from tests.services.test_agent_shell import Recorder, wait_for
 
 SESSION = {"name": "nb", "kind": "Interactive", "timeLimit": 600,
@@ -76,15 +76,6 @@ def ready_of(job_id: str, spec: JobSpec):  # type: ignore[no-untyped-def]
 
     return JobReady(job_id=job_id, queue="default", tenant="t", user="u", spec=spec,
                     submitted_at=utcnow(), admitted_at=utcnow())
-
-
-def step(s: SchedulerState, *events: object) -> Output:
-    out = Output()
-    for e in events:
-        s.handle(e, out)  # type: ignore[arg-type]
-    if s.needs_cycle:
-        s.cycle(0.0, out)
-    return out
 
 
 def job_statuses(out: Output) -> list[tuple[str, str]]:

@@ -29,7 +29,7 @@ from shared.events import (
     NodeCommand,
     NodeSchedulingChanged,
 )
-from tests.services.builders import node, ready
+from tests.services.builders import node, ready, step
 
 
 def new_state(epoch: int = 3) -> SchedulerState:
@@ -38,15 +38,6 @@ def new_state(epoch: int = 3) -> SchedulerState:
     for n in ("n1", "n2"):
         s.handle(node(n), Output())
     return s
-
-
-def step(s: SchedulerState, *events: object) -> Output:
-    out = Output()
-    for e in events:
-        s.handle(e, out)  # type: ignore[arg-type]
-    if s.needs_cycle:
-        s.cycle(0.0, out)
-    return out
 
 
 def cmd(node_id: str, action: NodeAction, gen: int, grace: float = 30.0) -> NodeCommand:

@@ -7,15 +7,12 @@ from __future__ import annotations
 from scheduling import Scheduler, SchedulerConfig
 from services.scheduler.state import Output, SchedulerState
 from shared.events import BindingAction, CommandAction, JobCommand, JobState, JobStatus
+from tests.services import builders
 from tests.services.builders import node, ready
 
 
 def step(s: SchedulerState, *events: object) -> Output:
-    out = Output()
-    for e in events:
-        s.handle(e, out)  # type: ignore[arg-type]
-    if s.needs_cycle:
-        s.cycle(0.0, out)
+    out = builders.step(s, *events)
     s.evict_finished()
     return out
 

@@ -16,7 +16,7 @@ from services.node_agent.runtimes.simulated import SimulatedRuntime
 from services.scheduler.state import Output, SchedulerState
 from shared.events import Binding, BindingAction, Event, GpuHealth, NodeRegistered, utcnow
 from tests.fakes.fake_nvml import FakeNvml, h100_hgx
-from tests.services.builders import ready
+from tests.services.builders import ready, step
 
 
 async def _nothing(event: Event, event_id: str | None) -> None:
@@ -31,15 +31,6 @@ def placed(out: Output) -> dict[str, list[int]]:
         if topic == "bindings" and isinstance(b, Binding) and b.action is BindingAction.ALLOCATE:
             found.setdefault(b.job_id, []).extend(g.index for t in b.tasks for g in t.gpus)
     return found
-
-
-def step(s: SchedulerState, *events: object) -> Output:
-    out = Output()
-    for e in events:
-        s.handle(e, out)  # type: ignore[arg-type]
-    if s.needs_cycle:
-        s.cycle(0.0, out)
-    return out
 
 
 async def test_a_degraded_gpu_is_avoided_until_it_recovers() -> None:

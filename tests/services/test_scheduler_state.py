@@ -16,7 +16,7 @@ from shared.events import (
     NodeLost,
     utcnow,
 )
-from tests.services.builders import node, ready
+from tests.services.builders import node, ready, step
 
 
 @pytest.fixture(params=["first_fit", "core"])
@@ -30,15 +30,6 @@ def state(request: pytest.FixtureRequest) -> SchedulerState:
     s.handle(node("n1"), out)
     s.handle(node("n2"), out)
     return s
-
-
-def step(s: SchedulerState, *events: object) -> Output:
-    out = Output()
-    for e in events:
-        s.handle(e, out)  # type: ignore[arg-type]
-    if s.needs_cycle:
-        s.cycle(0.0, out)
-    return out
 
 
 def bindings(out: Output) -> list[Binding]:

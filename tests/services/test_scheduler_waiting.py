@@ -42,6 +42,7 @@ from shared.events import (
 from shared.http import HttpServer
 from shared.jobspec import parse_job_spec
 from shared.topics import JOBS_STATUS
+from tests.services import builders
 from tests.services.builders import node, ready
 
 
@@ -56,11 +57,7 @@ def estimated(job: JobReady, seconds: float) -> JobReady:
 
 def step(s: SchedulerState, now: float, *events: object) -> list[tuple[str, str, bool]]:
     """The job.waiting notices of one flush: (job, reason, has an estimate)."""
-    out = Output()
-    for e in events:
-        s.handle(e, out)  # type: ignore[arg-type]
-    if s.needs_cycle:
-        s.cycle(now, out)
+    out = builders.step(s, *events, now=now)
     return [(w.job_id, w.reason, w.estimated_start is not None) for env, topic in out.events
             for w in [env.payload()] if isinstance(w, JobWaiting) and topic == "jobs.status"]
 

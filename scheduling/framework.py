@@ -17,9 +17,9 @@ over the nodes (``cand`` holds node indices), so a plugin never walks nodes in P
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -68,6 +68,7 @@ class RunningInfo:
     gpus: float = 0.0
     demand: Resources = field(default_factory=Resources)
     static_priority: float = 0.0
+    elastic: bool = False  # some task has a replica range
 
     @property
     def job(self) -> JobRequest:
@@ -127,6 +128,7 @@ class Cycle:
         self.running_by_id: dict[str, RunningInfo] = {}
         self.alloc_node: IntArray = np.zeros(0, dtype=np.int64)
         self.alloc_gpu: FloatArray = np.zeros(0)
+        self.alloc_run: IntArray = np.zeros(0, dtype=np.int64)  # position in running, -1: none
         self.usage: dict[str, Resources] = {}  # per tenant, running + placed this cycle
         self.capacity = Resources()
         self.priority_of: Callable[[JobRequest], float] = lambda j: float(j.priority)
@@ -161,6 +163,10 @@ class Plugin:
 
     name: ClassVar[str] = ""
     Args: ClassVar[type[BaseModel]] = NoArgs
+    # what a keyed score of a node depends on besides the key: "state", its inventory
+    # and free capacity (ClusterState.state_ids), or "node", which node it is (labels,
+    # rack, telemetry, datasets) but not what is free on it
+    score_by: ClassVar[Literal["state", "node"]] = "state"
 
     def __init__(self, args: BaseModel, weight: float = 1.0) -> None:
         self.args = args
@@ -186,7 +192,23 @@ class Plugin:
     def task_mask(self, cycle: Cycle, p: Placing, cand: IntArray) -> BoolArray | None:
         return None
 
+    def score_epoch(self, cycle: Cycle) -> Hashable | None:
+        """Changes when the plugin's keyed scores may change for an unchanged node state
+        (new settings or workload mix); None: they hold for this cycle only. Scores
+        memoised by node state are kept across cycles while every epoch is the same."""
+        return None
+
+    def task_mask_applies(self, cycle: Cycle, p: Placing) -> bool:
+        """Whether ``task_mask`` may filter anything for this replica."""
+        return True
+
     def score(self, cycle: Cycle, p: Placing, cand: IntArray) -> FloatArray | None:
+        return None
+
+    def score_key(self, cycle: Cycle, p: Placing) -> Hashable | None:
+        """A key such that, this cycle, ``score`` gives a node a value that depends only
+        on the key and (``score_by``) the node's state or the node itself; the placer
+        then memoises the scores. None: score every candidate every time."""
         return None
 
     def victims(self, cycle: Cycle, info: JobInfo) -> list[tuple[BoolArray, PreemptReason]]:

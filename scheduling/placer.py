@@ -6,19 +6,38 @@ elastic growth, the simulator): ``place_job`` on a ``ClusterState``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from scheduling.framework import Cycle, JobInfo, Placing, Plugin
 from scheduling.model import Bind, GpuUse, TaskRequest
-from scheduling.state import BoolArray, ClusterState, IntArray
+from scheduling.state import BoolArray, ClusterState, FloatArray, IntArray
 
 _NEG = -np.inf
 
 
+@dataclass(slots=True)
+class ScoreMemo:
+    """Weighted scores by node state (``ClusterState.state_ids``), one array per key:
+    kept across cycles while the table's interning of states and every per-state
+    plugin's ``score_epoch`` stay the same (an epoch of None: this cycle only)."""
+
+    states: object = None
+    epoch: tuple[Hashable | None, ...] = ()
+    arrays: dict[tuple[object, ...], FloatArray] = field(default_factory=dict)
+
+    def check(self, states: object, epoch: tuple[Hashable | None, ...]) -> None:
+        if self.states is not states or self.epoch != epoch or None in epoch:
+            self.states, self.epoch, self.arrays = states, epoch, {}
+
+
 class Placer:
-    def __init__(self, cycle: Cycle, plugins: Sequence[Plugin], hooks: dict[str, list[Plugin]]) -> None:
+    memo = True  # keep keyed scores (same plans either way; False is the reference path)
+
+    def __init__(self, cycle: Cycle, plugins: Sequence[Plugin], hooks: dict[str, list[Plugin]],
+                 memo: ScoreMemo | None = None) -> None:
         self.cycle = cycle
         self.table = cycle.table
         self.node_masks = hooks["node_mask"]
@@ -26,6 +45,10 @@ class Placer:
         self.scorers = [p for p in hooks["score"] if p.weight > 0]
         self.pickers = hooks["pick"]
         self._static: dict[tuple[object, ...], BoolArray] = {}
+        self._memo = memo if memo is not None else ScoreMemo()
+        self._memo.check(self.table.states,
+                         tuple(sp.score_epoch(cycle) for sp in self.scorers if sp.score_by == "state"))
+        self._per_node: dict[tuple[object, ...], FloatArray] = {}  # per-node plugins' scores
 
     # --- predicates ------------------------------------------------------------------
     def static_mask(self, info: JobInfo, task: TaskRequest) -> BoolArray:
@@ -76,8 +99,20 @@ class Placer:
 
     # --- one replica -----------------------------------------------------------------
     def choose(self, p: Placing, base: BoolArray) -> tuple[int, tuple[GpuUse, ...]] | None:
-        cand: IntArray = np.flatnonzero(self.fit_mask(p.state, p.task, base))
-        return self.choose_among(p, cand)
+        kept = self._kept_total(p)
+        if kept is None:
+            cand: IntArray = np.flatnonzero(self.fit_mask(p.state, p.task, base))
+            return self.choose_among(p, cand)
+        # the same choice as choose_among: the best score, ties to the lowest node index
+        total = np.where(base, kept, _NEG)
+        while True:
+            i = int(np.argmax(total))
+            if total[i] == _NEG:
+                return None
+            uses = self.pick(p, i)
+            if uses is not None:
+                return i, uses
+            total[i] = _NEG
 
     def choose_among(self, p: Placing, cand: IntArray) -> tuple[int, tuple[GpuUse, ...]] | None:
         if cand.size == 0:
@@ -88,14 +123,7 @@ class Placer:
                 cand = cand[r]
                 if cand.size == 0:
                     return None
-        if cand.size == 1 or not self.scorers:
-            total = np.zeros(cand.size)
-        else:
-            total = np.zeros(cand.size)
-            for sp in self.scorers:
-                s = sp.score(self.cycle, p, cand)
-                if s is not None:
-                    total += sp.weight * s
+        total = np.zeros(cand.size) if cand.size == 1 or not self.scorers else self.scores(p, cand)
         while True:
             j = int(np.argmax(total))  # first of the best: ties go to the lowest node index
             if total[j] == _NEG:
@@ -105,6 +133,105 @@ class Placer:
             if uses is not None:
                 return i, uses
             total[j] = _NEG  # e.g. free GPUs of a disallowed model on a mixed node
+
+    def scores(self, p: Placing, cand: IntArray) -> FloatArray:
+        """The weighted sum of the plugins' scores on each candidate, in plugin order
+        (plugins with a ``score_key`` from their memos: the same numbers)."""
+        keys = [sp.score_key(self.cycle, p) if self.memo else None for sp in self.scorers]
+        total = np.zeros(cand.size)
+        sid = p.state.state_ids()[cand] if any(k is not None for k in keys) else None
+        for sp, k in zip(self.scorers, keys, strict=True):
+            if k is None:
+                s = sp.score(self.cycle, p, cand)
+                if s is not None:
+                    total += sp.weight * s
+            elif sp.score_by == "node":
+                total += self._by_node(p, sp, k)[cand]
+            else:
+                assert sid is not None
+                total += self._by_state(p, (sp.name, k), (sp,), sid, cand, False)
+        return total
+
+    def _kept_total(self, p: Placing) -> FloatArray | None:
+        """Every node's weighted score sum for this replica, -inf where it does not fit,
+        kept on the state while every plugin has a ``score_key`` and no task mask
+        applies, and brought up to date for the nodes changed since. Else None.
+
+        The sum is taken in plugin order, as ``scores`` does; its leading run of
+        per-state plugins comes from one memo by node state, so a changed node whose
+        new state was seen before this cycle costs no plugin call."""
+        if not self.memo:
+            return None
+        if self.task_masks and any(tm.task_mask_applies(self.cycle, p) for tm in self.task_masks):
+            return None
+        keys = [sp.score_key(self.cycle, p) for sp in self.scorers]
+        if None in keys:
+            return None
+        t, st = p.task, p.state
+        shape = (t.gpu, t.gpu_memory_mib, t.gpu_compute_pct, t.mig_slices, t.cpu_milli, t.memory_mib)
+        key = (shape, *keys)
+        cache: dict[tuple[object, ...], list[object]] = st.cache.setdefault("scores", {})
+        ent = cache.get(key)
+        sids = st.state_ids()
+        if ent is None:
+            rows = np.arange(self.table.n)
+            out = np.empty(self.table.n)
+            cache[key] = ent = [out, len(st.dirty)]
+        else:
+            out = ent[0]  # type: ignore[assignment]
+            changed, ent[1] = st.changed_since(ent[1])  # type: ignore[arg-type]
+            if not changed:
+                return out
+            rows = np.asarray(changed)
+        sid = sids[rows]
+        lead = 0
+        while lead < len(self.scorers) and self.scorers[lead].score_by == "state":
+            lead += 1
+        total = self._by_state(p, ("lead", shape, *keys[:lead]), tuple(self.scorers[:lead]), sid, rows, True)
+        for sp, k in zip(self.scorers[lead:], keys[lead:], strict=True):
+            if sp.score_by == "node":
+                total += self._by_node(p, sp, k)[rows]
+            else:
+                total += self._by_state(p, (sp.name, k), (sp,), sid, rows, False)
+        out[rows] = total
+        return out
+
+    def _by_state(self, p: Placing, key: tuple[object, ...], plugins: tuple[Plugin, ...], sid: IntArray,
+                  rows: IntArray, fit: bool) -> FloatArray:
+        """The plugins' weighted score sum on ``rows`` (-inf where the replica does not
+        fit, with ``fit``), memoised this cycle by node state (``sid``, the rows' ids)."""
+        self._memo.check(self.table.states, self._memo.epoch)  # the interning may have started over
+        memos = self._memo.arrays
+        memo = memos.get(key)
+        top = int(sid.max()) + 1 if sid.size else 0
+        if memo is None or memo.size < top:
+            grown = np.full(max(2 * top, 1024), np.nan)
+            if memo is not None:
+                grown[: memo.size] = memo
+            memo = memos[key] = grown
+        vals = memo[sid]
+        miss = np.isnan(vals)
+        if miss.any():
+            new, first = np.unique(sid[miss], return_index=True)
+            rep = rows[miss][first]  # one node in each missing state
+            total = np.zeros(rep.size)
+            for sp in plugins:
+                s = sp.score(self.cycle, p, rep)
+                if s is not None:
+                    total += sp.weight * s
+            if fit:
+                total = np.where(self._room(p.state, p.task, rep), total, _NEG)
+            memo[new] = total
+            vals = memo[sid]
+        return vals
+
+    def _by_node(self, p: Placing, sp: Plugin, key: object) -> FloatArray:
+        """A per-node plugin's weighted scores of every node, for this cycle."""
+        arr = self._per_node.get((sp.name, key))
+        if arr is None:
+            s = sp.score(self.cycle, p, np.arange(self.table.n))
+            arr = self._per_node[(sp.name, key)] = np.zeros(self.table.n) if s is None else sp.weight * s
+        return arr
 
     def pick(self, p: Placing, i: int) -> tuple[GpuUse, ...] | None:
         for pk in self.pickers:

@@ -61,9 +61,7 @@ class VictimIndex:
         a_n = len(allocs)
         self.node: IntArray = cycle.alloc_node
         self.gpu: FloatArray = cycle.alloc_gpu
-        self.run: IntArray = np.full(a_n, -1, dtype=np.int64)
-        for k, r in enumerate(cycle.running):
-            self.run[r.allocs] = k
+        self.run: IntArray = cycle.alloc_run
         self.gone: BoolArray = np.zeros(a_n, dtype=bool)
         self.taken: BoolArray = np.zeros(len(cycle.running), dtype=bool)
         self.rt = cycle.runs()
@@ -72,6 +70,8 @@ class VictimIndex:
         self.replica: IntArray = np.zeros(a_n, dtype=np.int64)
         if shrink:
             for r in cycle.running:
+                if not r.elastic:
+                    continue
                 for t in r.job.tasks:
                     if not t.elastic:
                         continue

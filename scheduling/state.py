@@ -18,6 +18,8 @@ import numpy.typing as npt
 
 from scheduling.model import Allocation, GpuUse, Node
 
+MAX_STATES = 1_000_000  # interned node states kept before the table starts over
+
 BoolArray = npt.NDArray[np.bool_]
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -78,6 +80,14 @@ class NodeTable:
         self.multi_domain = bool(
             (self.nvlink.max(axis=1, initial=0) != self.nvlink.min(axis=1, initial=0)).any())
         self.mask_cache: dict[object, BoolArray] = {}
+        # interned node states (see ClusterState.state_ids): what a node is (its class,
+        # all its inventory) and has free; kept while the table is, up to MAX_STATES
+        classes: dict[tuple[object, ...], int] = {}
+        self.node_class = np.asarray([classes.setdefault((
+            x.cpu_milli, x.memory_mib, tuple(self.gmem_total[i].tolist()), tuple(self.share_ok[i].tolist()),
+            tuple(self.mig_total[i].tolist()), tuple(self.mig_ok[i].tolist()), tuple(self.nvlink[i].tolist()),
+            tuple(self.gmodel[i].tolist())), len(classes)) for i, x in enumerate(self.nodes)], dtype=np.int64)
+        self.states: dict[bytes, int] = {}
 
     def models_mask(self, allowed: tuple[str, ...]) -> BoolArray:
         """Per GPU: its model is allowed (all, when ``allowed`` is empty)."""
@@ -132,6 +142,10 @@ class ClusterState:
         c.depth = 0
         c.dirty = []
         c.cache = {}
+        ent = self.cache.get("sid")
+        if ent is not None:  # ids are of row contents, which the copy shares: keep them
+            c.cache["sid"] = [ent[0].copy(), 0, ent[2]]
+            c.dirty, _ = self.changed_since(ent[1])
         return c
 
     # --- bulk load ----------------------------------------------------------------
@@ -270,7 +284,41 @@ class ClusterState:
         n = len(self.dirty)
         if cursor >= n:
             return [], n
+        if cursor == n - 1:
+            return [self.dirty[cursor]], n  # the common case: one take since
         return sorted(set(self.dirty[cursor:])), n
+
+    def state_ids(self) -> IntArray:
+        """Every node's interned state: equal ids, equal node class (inventory) and free
+        capacity, so any per-node figure computed from those alone is equal too. Kept
+        on the state and caught up with the nodes changed since; a copy inherits it."""
+        ent = self.cache.get("sid")
+        t = self.t
+        if ent is not None and ent[2] is not t.states:
+            ent = None  # the table's interning was reset
+        if ent is None:
+            if len(t.states) > MAX_STATES:
+                t.states = {}
+            ent = self.cache["sid"] = [np.empty(t.n, dtype=np.int64), len(self.dirty), t.states]
+            rows = list(range(t.n))
+        else:
+            rows, ent[1] = self.changed_since(ent[1])
+            if not rows:
+                return ent[0]  # type: ignore[no-any-return]
+        sid: IntArray = ent[0]
+        r = np.asarray(rows, dtype=np.int64)
+        m = np.concatenate([t.node_class[r, None], self.cpu_free[r, None], self.mem_free[r, None],
+                            self.gmem_free[r], self.gcmp_free[r], self.mig_free[r]], axis=1)
+        # each row's bytes as one key (equal length, so distinct rows stay distinct)
+        keys = np.ascontiguousarray(m).view(f"S{m.shape[1] * 8}").ravel()
+        states = t.states
+        if r.size > 64:  # many rows (a new state): intern each distinct row once
+            uniq, inv = np.unique(keys, return_inverse=True)
+            sid[r] = np.asarray([states.setdefault(k, len(states)) for k in uniq.tolist()],
+                                dtype=np.int64)[inv.ravel()]
+        else:
+            sid[r] = [states.setdefault(k, len(states)) for k in keys.tolist()]
+        return sid
 
     def gpu_rows(self, i: int) -> tuple[list[int], list[int], list[int]]:
         """Free memory, free compute and total memory of node ``i``'s GPU columns."""

@@ -18,7 +18,7 @@ one numpy gather, so only nodes whose state is new cost Python work.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Literal
 
 import numpy as np
@@ -111,9 +111,11 @@ class Fgd(Plugin):
         super().__init__(args, weight)
         self.mix: tuple[_Type, ...] = ()
         self.table: NodeTable | None = None
+        self.generation = 0  # of the memo: the epoch of the scores
         self._reset()
 
     def _reset(self) -> None:
+        self.generation += 1
         self.keys: dict[_Key, int] = {}
         self.key_list: list[_Key] = []
         self.frag_memo: dict[int, float] = {}
@@ -257,6 +259,12 @@ class Fgd(Plugin):
             # ties (many: whole GPUs often leave F unchanged) go to the lowest node index
             return np.floor(self.args.levels / (1.0 + np.exp(np.minimum(d, 700.0))))
         return -np.round(d, 9)
+
+    def score_key(self, cycle: Cycle, p: Placing) -> Hashable | None:
+        return self._task_key(cycle, p)[0]
+
+    def score_epoch(self, cycle: Cycle) -> Hashable | None:
+        return self.generation  # a new mix (or table) starts the memo over
 
     def increase(self, cycle: Cycle, p: Placing, cand: IntArray) -> FloatArray | None:
         """Least increase of F on each candidate node (1e6 where the task cannot go)."""

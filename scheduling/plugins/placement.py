@@ -5,6 +5,7 @@ is better, roughly in [-1, 1]; the scheduler sums them with the configured weigh
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Literal
 
 import numpy as np
@@ -19,6 +20,12 @@ def _need_pct(p: Placing) -> float:
     if t.mig:
         return 100.0 * t.mig_slices / 7.0
     return 100.0 * t.gpu_amount
+
+
+def task_shape(p: Placing) -> tuple[int, ...]:
+    """What a per-node score of a replica depends on, of the replica itself."""
+    t = p.task
+    return (t.gpu, t.gpu_memory_mib, t.gpu_compute_pct, t.mig_slices, t.cpu_milli, t.memory_mib)
 
 
 def _gpu_fill_after(cycle: Cycle, p: Placing, cand: IntArray) -> FloatArray:
@@ -52,6 +59,12 @@ class Binpack(Plugin):
         fill = _gpu_fill_after(cycle, p, cand)
         return 1.0 - fill if cycle.spread else fill
 
+    def score_key(self, cycle: Cycle, p: Placing) -> Hashable | None:
+        return task_shape(p)
+
+    def score_epoch(self, cycle: Cycle) -> Hashable | None:
+        return ()  # a function of the node's state and the task alone
+
 
 @register
 class BestFit(Plugin):
@@ -67,6 +80,12 @@ class BestFit(Plugin):
         cpu_left = (p.state.cpu_free[cand] - p.task.cpu_milli) / self.MAX_CPU_MILLI
         gpu_left = (p.state.cmp_sum[cand] - _need_pct(p)) / self.MAX_GPU_PCT
         return np.asarray(-(0.5 * cpu_left + 0.5 * gpu_left), dtype=np.float64)
+
+    def score_key(self, cycle: Cycle, p: Placing) -> Hashable | None:
+        return task_shape(p)
+
+    def score_epoch(self, cycle: Cycle) -> Hashable | None:
+        return ()  # a function of the node's state and the task alone
 
 
 @register
@@ -115,12 +134,21 @@ class Topology(Plugin):
                 out += 0.5 * (fit[tbl.rack[cand]] >= p.remaining)
         return out
 
+    def score_epoch(self, cycle: Cycle) -> Hashable | None:
+        return ()
+
+    def score_key(self, cycle: Cycle, p: Placing) -> Hashable | None:
+        if p.remaining + len(p.nodes) > 1:
+            return None  # a gang's score depends on where its other replicas went
+        return p.task.gpu
+
 
 @register
 class LoadAware(Plugin):
     """Away from hot, busy or degraded GPUs, from the agents' telemetry."""
 
     name = "loadaware"
+    score_by = "node"
 
     def __init__(self, args: BaseModel, weight: float = 1.0) -> None:
         super().__init__(args, weight)
@@ -156,6 +184,9 @@ class LoadAware(Plugin):
             return None
         return -self._node[cand]
 
+    def score_key(self, cycle: Cycle, p: Placing) -> Hashable | None:
+        return ()
+
 
 class LocalityArgs(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -167,6 +198,7 @@ class Locality(Plugin):
     """Prefer nodes whose local cache already holds the job's dataset."""
 
     name = "locality"
+    score_by = "node"
     Args = LocalityArgs
     args: LocalityArgs
 
@@ -180,3 +212,6 @@ class Locality(Plugin):
             m = np.fromiter((ds in n.datasets for n in cycle.table.nodes), bool, cycle.table.n)
             cycle.table.mask_cache[key] = m
         return np.asarray(self.args.bonus * m[cand], dtype=np.float64)
+
+    def score_key(self, cycle: Cycle, p: Placing) -> Hashable | None:
+        return p.info.job.dataset

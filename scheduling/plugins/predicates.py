@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import numpy as np
 
 from scheduling.framework import Cycle, JobInfo, Placing, Plugin, register
@@ -91,6 +93,9 @@ class RoleAffinity(Plugin):
             out.append((rule.anti, hit))
         return out
 
+    def task_mask_applies(self, cycle: Cycle, p: Placing) -> bool:
+        return bool(p.info.job.affinity) and bool(p.nodes)
+
     def task_mask(self, cycle: Cycle, p: Placing, cand: IntArray) -> BoolArray | None:
         if not p.info.job.affinity:
             return None
@@ -112,3 +117,9 @@ class RoleAffinity(Plugin):
         for anti, hit in hits:
             out += np.where(hit, -1.0 if anti else 1.0, 0.0)
         return out
+
+    def score_key(self, cycle: Cycle, p: Placing) -> Hashable | None:
+        return None if p.info.job.affinity else ()
+
+    def score_epoch(self, cycle: Cycle) -> Hashable | None:
+        return ()

@@ -263,3 +263,80 @@ def test_bulk_settling_gives_the_plan_of_one_by_one(snap, cfg, copies) -> None:
     finally:
         core._Run._settle_rest = original  # type: ignore[method-assign]
     assert bulk == one_by_one
+
+
+@SETTINGS
+@given(snapshots(), st.sampled_from(sorted(CONFIGS)), st.integers(1, 4))
+def test_memoised_scores_give_the_plan_of_scoring_every_candidate(snap, cfg, copies) -> None:
+    """Scores kept by node state (and per node) choose exactly what scoring every
+    candidate afresh chooses, with many same-shape replicas placed one after another."""
+    from scheduling.placer import Placer
+
+    pending = tuple(replace(j, job_id=f"{j.job_id}-{k}", submit_time=j.submit_time + k)
+                    for k in range(copies) for j in snap.pending)
+    snap = replace(snap, pending=pending)
+    kept = Scheduler(CONFIGS[cfg]).schedule(snap)
+    Placer.memo = False
+    try:
+        fresh = Scheduler(CONFIGS[cfg]).schedule(snap)
+    finally:
+        Placer.memo = True
+    assert kept == fresh
+
+
+@st.composite
+def alike_nodes(draw) -> Snapshot:
+    """Many nodes of one kind (equal states are common), told apart by telemetry, rack
+    and datasets only; single-replica jobs of a few shapes, some with a dataset."""
+    nodes = tuple(node(f"n{i}").gpus(4).rack(f"r{i % 3}").datasets(*draw(st.sets(st.sampled_from("xyz"))))
+                  .build() for i in range(draw(st.integers(2, 8))))
+    pending = []
+    for k in range(draw(st.integers(1, 24))):
+        b = job(f"p{k}").submit(float(k)).cpu(draw(st.sampled_from([0, 2000])))
+        if draw(st.booleans()):
+            b.gpus(draw(st.sampled_from([1, 2])))
+        else:
+            b.share(draw(st.sampled_from([10_000, 40_000])), draw(st.sampled_from([25, 50])))
+        ds = draw(st.sampled_from(["", "x", "y"]))
+        if ds:
+            b.dataset(ds)
+        pending.append(b.build())
+    tele = {n.node_id: tuple(GpuStats(g.index, draw(st.floats(0, 100)), 0, draw(st.floats(30, 90)))
+                             for g in n.gpus) for n in nodes} if draw(st.booleans()) else {}
+    return Snapshot(1000.0, nodes, (), tuple(pending), (), (), tele)
+
+
+@SETTINGS
+@given(alike_nodes())
+def test_memoised_scores_tell_alike_nodes_apart(snap) -> None:
+    from scheduling.placer import Placer
+
+    kept = Scheduler().schedule(snap)
+    Placer.memo = False
+    try:
+        fresh = Scheduler().schedule(snap)
+    finally:
+        Placer.memo = True
+    assert kept == fresh
+
+
+@SETTINGS
+@given(snapshots())
+def test_equal_state_ids_mean_equal_nodes_and_free_capacity(snap) -> None:
+    from scheduling.state import ClusterState, NodeTable
+
+    table = NodeTable(snap.nodes)
+    state = ClusterState(table)
+    state.apply(snap.allocations)
+    ids = state.state_ids().copy()
+    for i in range(table.n):
+        for j in range(table.n):
+            same = all((getattr(state, a)[i] == getattr(state, a)[j]).all()
+                       for a in ("cpu_free", "mem_free", "gmem_free", "gcmp_free", "mig_free")) and (
+                table.node_class[i] == table.node_class[j])
+            assert (ids[i] == ids[j]) == same
+    copy = state.copy()
+    if table.n:
+        state.take(0, 1, 0, ())  # the copy keeps the ids of its own rows
+        assert (copy.state_ids() == ids).all()
+        assert state.state_ids()[0] != ids[0]

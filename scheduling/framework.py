@@ -164,8 +164,8 @@ class Plugin:
     name: ClassVar[str] = ""
     Args: ClassVar[type[BaseModel]] = NoArgs
     # what a keyed score of a node depends on besides the key: "state", its inventory
-    # and free capacity (ClusterState.state_ids), or "node", which node it is (labels,
-    # rack, telemetry, datasets) but not what is free on it
+    # and free capacity (ClusterState.state_ids: blind to the order of alike GPUs), or
+    # "node", which node it is (labels, rack, telemetry, datasets) but not what is free
     score_by: ClassVar[Literal["state", "node"]] = "state"
 
     def __init__(self, args: BaseModel, weight: float = 1.0) -> None:

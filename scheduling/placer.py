@@ -16,6 +16,15 @@ from scheduling.model import Bind, GpuUse, TaskRequest
 from scheduling.state import BoolArray, ClusterState, FloatArray, IntArray
 
 _NEG = -np.inf
+_WHOLE: dict[int, GpuUse] = {}
+
+
+def _whole(index: int) -> GpuUse:
+    """The (immutable, so shared) use of a whole GPU."""
+    u = _WHOLE.get(index)
+    if u is None:
+        u = _WHOLE[index] = GpuUse(index)
+    return u
 
 
 @dataclass(slots=True)
@@ -270,6 +279,9 @@ class Placer:
             idle = [j for j in range(len(idx)) if ok[j] and gc[j] >= 100 and gm[j] >= tot[j]]
             if len(idle) < t.gpu:
                 return None
+            if not tbl.multi_domain:  # one NVLink domain per node: the coolest idle GPUs
+                chosen = sorted(idle, key=lambda c: (prow[c], c))[: t.gpu]
+                return tuple(_whole(idx[j]) for j in sorted(chosen))
             dom = tbl.nvlink[i].tolist()
             groups: dict[int, list[int]] = {}
             for j in idle:
@@ -283,7 +295,7 @@ class Placer:
                 for d in sorted(groups, key=lambda d: (-len(groups[d]), d)):
                     chosen += sorted(groups[d], key=lambda c: (prow[c], c))
                 chosen = chosen[: t.gpu]
-            return tuple(GpuUse(idx[j]) for j in sorted(chosen))
+            return tuple(_whole(idx[j]) for j in sorted(chosen))
         cols = [j for j in range(len(idx))
                 if ok[j] and gm[j] >= t.gpu_memory_mib and gc[j] >= t.gpu_compute_pct]
         if not cols:

@@ -19,6 +19,7 @@ import numpy.typing as npt
 from scheduling.model import Allocation, GpuUse, Node
 
 MAX_STATES = 1_000_000  # interned node states kept before the table starts over
+FEW_ROWS = 8  # state ids of up to this many nodes are computed row by row, more in bulk
 
 BoolArray = npt.NDArray[np.bool_]
 IntArray = npt.NDArray[np.int64]
@@ -80,14 +81,29 @@ class NodeTable:
         self.multi_domain = bool(
             (self.nvlink.max(axis=1, initial=0) != self.nvlink.min(axis=1, initial=0)).any())
         self.mask_cache: dict[object, BoolArray] = {}
-        # interned node states (see ClusterState.state_ids): what a node is (its class,
-        # all its inventory) and has free; kept while the table is, up to MAX_STATES
+        # interned node states (see ClusterState.state_ids): what a node is (its class)
+        # and has free; kept while the table is, up to MAX_STATES
+        gclasses: dict[tuple[int, ...], int] = {}
+        per_gpu = np.stack([self.gmem_total, self.share_ok, self.mig_total, self.mig_ok, self.nvlink,
+                            self.gmodel, self.exists], axis=2).tolist()
+        self.gpu_class = np.asarray([[gclasses.setdefault(tuple(c), len(gclasses)) for c in row]
+                                     for row in per_gpu], dtype=np.int64).reshape(n, g)
+        # a node whose usable GPUs are all of one model and size may list them in any
+        # order: its state is taken with its GPUs sorted, so permutations share an id
+        usable = self.share_ok | self.mig_ok
+        kinds = [{(m, t, s) for m, t, s, u in zip(self.gmodel[i].tolist(), self.gmem_total[i].tolist(),
+                                                  self.mig_total[i].tolist(), usable[i].tolist(), strict=True) if u}
+                 for i in range(n)]
+        self.gpu_order_free = np.asarray([len(k) <= 1 for k in kinds], dtype=bool)
         classes: dict[tuple[object, ...], int] = {}
         self.node_class = np.asarray([classes.setdefault((
-            x.cpu_milli, x.memory_mib, tuple(self.gmem_total[i].tolist()), tuple(self.share_ok[i].tolist()),
-            tuple(self.mig_total[i].tolist()), tuple(self.mig_ok[i].tolist()), tuple(self.nvlink[i].tolist()),
-            tuple(self.gmodel[i].tolist())), len(classes)) for i, x in enumerate(self.nodes)], dtype=np.int64)
-        self.states: dict[bytes, int] = {}
+            x.cpu_milli, x.memory_mib, bool(self.gpu_order_free[i]),
+            tuple(sorted(self.gpu_class[i].tolist())) if self.gpu_order_free[i] else tuple(self.gpu_class[i].tolist())),
+            len(classes)) for i, x in enumerate(self.nodes)], dtype=np.int64)
+        self.states: dict[tuple[int, ...], int] = {}
+        self.gpu_class_l: list[list[int]] = self.gpu_class.tolist()
+        self.gpu_order_free_l: list[bool] = self.gpu_order_free.tolist()
+        self.node_class_l: list[int] = self.node_class.tolist()
 
     def models_mask(self, allowed: tuple[str, ...]) -> BoolArray:
         """Per GPU: its model is allowed (all, when ``allowed`` is empty)."""
@@ -290,8 +306,10 @@ class ClusterState:
 
     def state_ids(self) -> IntArray:
         """Every node's interned state: equal ids, equal node class (inventory) and free
-        capacity, so any per-node figure computed from those alone is equal too. Kept
-        on the state and caught up with the nodes changed since; a copy inherits it."""
+        capacity, up to the order of a node's GPUs where they are all of one kind; so
+        any per-node figure computed from those alone, and blind to that order, is
+        equal too. Kept on the state and caught up with the nodes changed since; a
+        copy inherits it."""
         ent = self.cache.get("sid")
         t = self.t
         if ent is not None and ent[2] is not t.states:
@@ -306,19 +324,46 @@ class ClusterState:
             if not rows:
                 return ent[0]  # type: ignore[no-any-return]
         sid: IntArray = ent[0]
-        r = np.asarray(rows, dtype=np.int64)
-        m = np.concatenate([t.node_class[r, None], self.cpu_free[r, None], self.mem_free[r, None],
-                            self.gmem_free[r], self.gcmp_free[r], self.mig_free[r]], axis=1)
-        # each row's bytes as one key (equal length, so distinct rows stay distinct)
-        keys = np.ascontiguousarray(m).view(f"S{m.shape[1] * 8}").ravel()
         states = t.states
-        if r.size > 64:  # many rows (a new state): intern each distinct row once
-            uniq, inv = np.unique(keys, return_inverse=True)
-            sid[r] = np.asarray([states.setdefault(k, len(states)) for k in uniq.tolist()],
-                                dtype=np.int64)[inv.ravel()]
-        else:
-            sid[r] = [states.setdefault(k, len(states)) for k in keys.tolist()]
+        if len(rows) <= FEW_ROWS:  # the common case, a node or two since: plain Python is quicker
+            for i in rows:
+                sid[i] = states.setdefault(self._state_key(i), len(states))
+            return sid
+        r = np.asarray(rows, dtype=np.int64)
+        gm, gc, mig = self.gmem_free[r], self.gcmp_free[r], self.mig_free[r]
+        in_range = ((gm >= 0) & (gm < 1 << 24) & (gc >= 0) & (gc < 256) & (mig >= 0) & (mig < 256)).all(axis=1)
+        canon = t.gpu_order_free[r] & in_range
+        cls = t.gpu_class[r]
+        if canon.any():
+            codes = np.sort((((cls << 24 | gm) << 8 | gc) << 8) | mig, axis=1)
+            c = canon[:, None]
+            gm, gc, mig, cls = (np.where(c, codes, gm), np.where(c, 0, gc), np.where(c, 0, mig),
+                                np.where(c, 0, cls))
+        m = np.concatenate([t.node_class[r, None], canon[:, None], self.cpu_free[r, None], self.mem_free[r, None],
+                            gm, gc, mig, cls], axis=1)
+        # each distinct row once (rows compared as bytes: equal length, so distinct stay distinct)
+        _, first, inv = np.unique(np.ascontiguousarray(m).view(f"S{m.shape[1] * 8}").ravel(),
+                                  return_index=True, return_inverse=True)
+        sid[r] = np.asarray([states.setdefault(tuple(row), len(states)) for row in m[first].tolist()],
+                            dtype=np.int64)[inv.ravel()]
         return sid
+
+    def _state_key(self, i: int) -> tuple[int, ...]:
+        """Node ``i``'s state as ``state_ids`` keys it: its class, whether its GPUs are
+        taken in sorted order, free CPU and memory, then per GPU: where sorted, one code
+        each (class, free memory, compute, MIG slices) and zeros; else the free memory,
+        compute and MIG slices and the class of each GPU in place."""
+        t = self.t
+        gm, gc, mig, cls = (self.gmem_free[i].tolist(), self.gcmp_free[i].tolist(), self.mig_free[i].tolist(),
+                            t.gpu_class_l[i])
+        g = len(gm)
+        if t.gpu_order_free_l[i] and all(0 <= a < 1 << 24 and 0 <= b < 256 and 0 <= c < 256
+                                         for a, b, c in zip(gm, gc, mig, strict=True)):
+            codes = sorted((((k << 24 | a) << 8 | b) << 8) | c for k, a, b, c in zip(cls, gm, gc, mig, strict=True))
+            zeros = [0] * g
+            return (t.node_class_l[i], 1, int(self.cpu_free[i]), int(self.mem_free[i]), *codes, *zeros, *zeros,
+                    *zeros)
+        return (t.node_class_l[i], 0, int(self.cpu_free[i]), int(self.mem_free[i]), *gm, *gc, *mig, *cls)
 
     def gpu_rows(self, i: int) -> tuple[list[int], list[int], list[int]]:
         """Free memory, free compute and total memory of node ``i``'s GPU columns."""

@@ -288,8 +288,19 @@ def test_memoised_scores_give_the_plan_of_scoring_every_candidate(snap, cfg, cop
 def alike_nodes(draw) -> Snapshot:
     """Many nodes of one kind (equal states are common), told apart by telemetry, rack
     and datasets only; single-replica jobs of a few shapes, some with a dataset."""
-    nodes = tuple(node(f"n{i}").gpus(4).rack(f"r{i % 3}").datasets(*draw(st.sets(st.sampled_from("xyz"))))
-                  .build() for i in range(draw(st.integers(2, 8))))
+    from scheduling import Allocation, GpuUse
+
+    nodes = tuple(node(f"n{i}").gpus(4).nvlink(*draw(st.sampled_from([(0, 0, 0, 0), (0, 0, 1, 1)])))
+                  .rack(f"r{i % 3}").datasets(*draw(st.sets(st.sampled_from("xyz")))).build()
+                  for i in range(draw(st.integers(2, 8))))
+    # running work on random GPUs, so that nodes often hold the same state in another order
+    allocs, running = [], []
+    for n in nodes:
+        for g in sorted(draw(st.sets(st.integers(0, 3), max_size=3))):
+            use = GpuUse(g) if draw(st.booleans()) else GpuUse(g, 20_000, draw(st.sampled_from([25, 50])))
+            r = job(f"r-{n.node_id}-{g}").gpus(1).build()
+            allocs.append(Allocation(r.job_id, "w-0", n.node_id, (use,), 0, 0))
+            running.append(RunningJob(r, 0.0))
     pending = []
     for k in range(draw(st.integers(1, 24))):
         b = job(f"p{k}").submit(float(k)).cpu(draw(st.sampled_from([0, 2000])))
@@ -303,7 +314,7 @@ def alike_nodes(draw) -> Snapshot:
         pending.append(b.build())
     tele = {n.node_id: tuple(GpuStats(g.index, draw(st.floats(0, 100)), 0, draw(st.floats(30, 90)))
                              for g in n.gpus) for n in nodes} if draw(st.booleans()) else {}
-    return Snapshot(1000.0, nodes, (), tuple(pending), (), (), tele)
+    return Snapshot(1000.0, nodes, tuple(allocs), tuple(pending), tuple(running), (), tele)
 
 
 @SETTINGS
@@ -321,7 +332,7 @@ def test_memoised_scores_tell_alike_nodes_apart(snap) -> None:
 
 
 @SETTINGS
-@given(snapshots())
+@given(st.one_of(snapshots(), alike_nodes()))
 def test_equal_state_ids_mean_equal_nodes_and_free_capacity(snap) -> None:
     from scheduling.state import ClusterState, NodeTable
 
@@ -329,12 +340,25 @@ def test_equal_state_ids_mean_equal_nodes_and_free_capacity(snap) -> None:
     state = ClusterState(table)
     state.apply(snap.allocations)
     ids = state.state_ids().copy()
+    def gpus(i: int) -> list[tuple[int, ...]]:
+        cols = zip(table.gpu_class[i].tolist(), state.gmem_free[i].tolist(), state.gcmp_free[i].tolist(),
+                   state.mig_free[i].tolist(), strict=True)
+        return sorted(cols) if table.gpu_order_free[i] else list(cols)
+
     for i in range(table.n):
         for j in range(table.n):
-            same = all((getattr(state, a)[i] == getattr(state, a)[j]).all()
-                       for a in ("cpu_free", "mem_free", "gmem_free", "gcmp_free", "mig_free")) and (
-                table.node_class[i] == table.node_class[j])
+            same = (state.cpu_free[i] == state.cpu_free[j] and state.mem_free[i] == state.mem_free[j]
+                    and table.node_class[i] == table.node_class[j] and gpus(i) == gpus(j))
             assert (ids[i] == ids[j]) == same
+    from scheduling import state as state_module
+
+    bulk, state_module.FEW_ROWS = state_module.FEW_ROWS, -1  # every row through the bulk path
+    try:
+        again = ClusterState(table)
+        again.apply(snap.allocations)
+        assert (again.state_ids() == ids).all()  # row by row and in bulk: the same ids
+    finally:
+        state_module.FEW_ROWS = bulk
     copy = state.copy()
     if table.n:
         state.take(0, 1, 0, ())  # the copy keeps the ids of its own rows

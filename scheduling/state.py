@@ -236,7 +236,31 @@ class ClusterState:
             self.cpu_free[i] -= sign * cpu
         if mem:
             self.mem_free[i] -= sign * mem
-        if uses:
+        if uses and not t.multi_domain:
+            # one NVLink domain per node: idle GPUs and free compute change by the GPUs used
+            cols, tot, ok = t.col_of[i], t.gmem_total_l[i], t.share_ok_l[i]
+            gm_row, gc_row = self.gmem_free[i], self.gcmp_free[i]
+            d_idle = d_cmp = 0
+            for u in uses:
+                j = cols[u.index]
+                if u.mig_slices:
+                    self.mig_free[i, j] -= sign * u.mig_slices
+                    continue
+                m0, c0 = int(gm_row[j]), int(gc_row[j])
+                if u.whole:
+                    m1, c1 = m0 - sign * tot[j], c0 - sign * 100
+                else:
+                    m1, c1 = m0 - sign * u.memory_mib, c0 - sign * u.compute_pct
+                gm_row[j], gc_row[j] = m1, c1
+                if ok[j]:
+                    d_idle += (c1 >= 100 and m1 >= tot[j]) - (c0 >= 100 and m0 >= tot[j])
+                d_cmp += c1 - c0
+            if d_idle:
+                self.idle[i] += d_idle
+                self.dom_idle[i] = self.idle[i]
+            if d_cmp:
+                self.cmp_sum[i] += d_cmp
+        elif uses:
             cols = t.col_of[i]
             tot = t.gmem_total_l[i]
             gm_row, gc_row = self.gmem_free[i], self.gcmp_free[i]

@@ -364,3 +364,28 @@ def test_equal_state_ids_mean_equal_nodes_and_free_capacity(snap) -> None:
         state.take(0, 1, 0, ())  # the copy keeps the ids of its own rows
         assert (copy.state_ids() == ids).all()
         assert state.state_ids()[0] != ids[0]
+
+
+@SETTINGS
+@given(st.one_of(snapshots(), alike_nodes()))
+def test_taking_replica_by_replica_keeps_the_figures_a_rebuild_has(snap) -> None:
+    """``take`` updates idle GPUs and free compute incrementally: the same as a bulk load."""
+    from scheduling import Allocation
+    from scheduling.state import ClusterState, NodeTable
+
+    table = NodeTable(snap.nodes)
+    plan = Scheduler().schedule(snap)
+    one = ClusterState(table)
+    one.apply(snap.allocations)
+    for b in plan.binds:
+        one.take(table.index[b.node_id], b.cpu_milli, b.memory_mib, b.gpus)
+    bulk = ClusterState(table)
+    bulk.apply([*snap.allocations, *(Allocation(b.job_id, b.task_id, b.node_id, b.gpus, b.cpu_milli,
+                                                b.memory_mib) for b in plan.binds)])
+    for name in ("cpu_free", "mem_free", "gmem_free", "gcmp_free", "mig_free", "idle", "dom_idle", "cmp_sum"):
+        assert (getattr(one, name) == getattr(bulk, name)).all(), name
+    for b in plan.binds:
+        one.release(table.index[b.node_id], b.cpu_milli, b.memory_mib, b.gpus)
+    empty = ClusterState(table)
+    empty.apply(snap.allocations)
+    assert (one.idle == empty.idle).all() and (one.cmp_sum == empty.cmp_sum).all()

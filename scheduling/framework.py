@@ -181,11 +181,6 @@ class Plugin:
     def admit(self, cycle: Cycle, info: JobInfo) -> PendingReason | None:
         return None
 
-    def admit_active(self, cycle: Cycle) -> bool:
-        """Whether ``admit`` may refuse anything this cycle (False lets the scheduler
-        settle the jobs left over in bulk once the cluster is full for them)."""
-        return True
-
     def node_mask(self, cycle: Cycle, info: JobInfo, task: TaskRequest) -> BoolArray | None:
         return None
 

@@ -163,7 +163,7 @@ class Scheduler:
                 runs.append(info)
         allocs = snapshot.allocations
         meta = self._meta
-        m = np.array([meta[id(a)] for a in allocs], dtype=float).reshape(len(allocs), 4)
+        m = np.array(list(map(meta.__getitem__, map(id, allocs))), dtype=float).reshape(len(allocs), 4)
         cycle.alloc_node, cycle.alloc_gpu = m[:, 0].astype(np.int64), m[:, 1].copy()
         owner = np.array([run_index.get(a.job_id, -1) for a in allocs], dtype=np.int64)
         # each running job's allocations (positions, in snapshot order) and demand
@@ -203,15 +203,18 @@ class Scheduler:
     def _state(self, table: NodeTable, allocations: Sequence[Allocation]) -> ClusterState:
         """Free capacity after the allocations: the last cycle's, adjusted by the
         allocations that came and went (same integers as a full rebuild, far cheaper)."""
-        now = {id(a): a for a in allocations}
+        now = dict(zip(map(id, allocations), allocations, strict=True))
         base = self._base
         if base is not None and base[0] is table:
             before = base[1]
             state = base[2].copy()
-            state.apply([a for k, a in before.items() if k not in now], sign=-1)
-            added = [a for k, a in now.items() if k not in before]
+            gone = before.keys() - now.keys()
+            state.apply([before[k] for k in gone], sign=-1)
+            added = [now[k] for k in now.keys() - before.keys()]
             state.apply(added)
-            meta = {k: v for k, v in self._meta.items() if k in now}
+            meta = self._meta
+            for k in gone:
+                del meta[k]
         else:
             state = ClusterState(table)
             state.apply(allocations)
@@ -327,7 +330,6 @@ class _Run:
         ordered = self.s._ordered(cycle, self.infos)
         self.plan.order = [i.job.job_id for i in ordered]
         pend = self.plan.pending
-        can_bulk = not any(p.admit_active(cycle) for p in self.admit_hooks)
         aged = cycle.job_priority is not None and cycle.job_starved is not None
         if aged:
             assert cycle.job_priority is not None and cycle.job_starved is not None
@@ -347,7 +349,7 @@ class _Run:
                 # when it could start) holds the line: nothing after it starts.
                 pend.update((i.job.job_id, PendingReason.PRIORITY) for i in ordered[pos + 1:])
                 break
-            if can_bulk and self.memo_grew and self._settle_rest(ordered, pos + 1):
+            if self.memo_grew and self._settle_rest(ordered, pos + 1):
                 break
         if self.s.elastic is not None and self.s.elastic.grow:
             self._grow()
@@ -418,7 +420,9 @@ class _Run:
         """Once every job from ``start`` on would hit a failure remembered this cycle
         with nothing more to try (no preemption, no reservation), give them their
         reasons in bulk instead of one by one: the same plan, far cheaper with
-        thousands of jobs waiting on a full cluster."""
+        thousands of jobs waiting on a full cluster. Admission (quotas) is asked of
+        each job last, once the rest is settled: it cannot change while nothing starts,
+        and a refused job only needs nothing more."""
         if start >= len(ordered):
             return True
         if self.arrays is None:
@@ -451,13 +455,25 @@ class _Run:
         if starved.any() and self.s.backfill is not None:
             return False  # starved jobs may still get a reservation each: one by one
         codes = (shape * 2 + soft).tolist()
+        refused: dict[int, PendingReason] = {}
+        if self.admit_hooks:
+            cycle = self.cycle
+            for j in range(len(codes)):
+                for p in self.admit_hooks:
+                    r = p.admit(cycle, ordered[start + j])
+                    if r is not None:
+                        refused[j] = r
+                        break
         stop = len(codes)
         hold = starved & np.isin(shape * 2 + soft, keys[capacity])
+        if refused:
+            hold[list(refused)] = False  # refused at admission: never tried, holds nothing
         if hold.any():
             stop = int(np.flatnonzero(hold)[0]) + 1  # a starved job holds the line after it
         pend = self.plan.pending
         for j in range(len(codes)):
-            pend[ordered[start + j].job.job_id] = reasons[codes[j]] if j < stop else PendingReason.PRIORITY
+            pend[ordered[start + j].job.job_id] = (
+                PendingReason.PRIORITY if j >= stop else refused.get(j) or reasons[codes[j]])
         return True
 
     def _settled(self, info: JobInfo, soft: bool) -> bool:

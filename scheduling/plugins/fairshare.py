@@ -73,9 +73,6 @@ class FairShare(Plugin):
             return None
         return book.check(info.job.tenant, info.demand).reason
 
-    def admit_active(self, cycle: Cycle) -> bool:
-        return cycle.quota_book is not None and bool(cycle.quota_book.quotas)
-
     def victims(self, cycle: Cycle, info: JobInfo) -> list[tuple[BoolArray, PreemptReason]]:
         out: list[tuple[BoolArray, PreemptReason]] = []
         if not cycle.running:

@@ -10,12 +10,12 @@ nodes only if their own estimate ends before the shadow time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import numpy as np
 
 from scheduling.framework import Cycle, JobInfo, RunningInfo
 from scheduling.model import Bind, Reservation
 from scheduling.placer import Placer
-from scheduling.state import BoolArray, ClusterState
+from scheduling.state import BoolArray, ClusterState, IntArray
 
 MAX_TRIALS = 16  # full placement trials per reservation; cheap bounds screen the rest
 CHUNK = 64  # running jobs released at once while the head job cannot fit anyway
@@ -31,18 +31,31 @@ def _could_fit(st: ClusterState, info: JobInfo) -> bool:
     return all(int((st.idle // t.gpu).sum()) >= t.replicas for t in info.tasks if t.gpu)
 
 
+def expected_ends(cycle: Cycle, which: IntArray, default_runtime_s: float | None
+                  ) -> list[tuple[float, str, RunningInfo]]:
+    """When the running jobs at ``which`` (positions in ``cycle.running``) are expected
+    to end, soonest first (ties by job id)."""
+    rt, now = cycle.runs(), cycle.now
+    start, est = rt.start[which], rt.estimate[which]  # no estimate: inf
+    if default_runtime_s is not None:
+        est = np.where(np.isinf(est), default_runtime_s, est)
+    end = np.where(np.isinf(est), now, start + est)
+    # past its estimate, or none: heavy tails say as long again
+    end = np.where(end <= now, now + np.maximum(now - start, MIN_LEFT_S), end)
+    runs = [cycle.running[k] for k in which.tolist()]
+    ids = np.asarray([r.job.job_id for r in runs], dtype=str)
+    order = np.lexsort((ids, end)).tolist() if runs else []
+    ends = end.tolist()
+    return [(ends[k], runs[k].job.job_id, runs[k]) for k in order]
+
+
 def reserve(placer: Placer, base: ClusterState, info: JobInfo, need: int,
-            running: Iterable[RunningInfo], default_runtime_s: float | None,
+            running: IntArray, default_runtime_s: float | None,
             gone: BoolArray) -> Reservation | None:
+    """The head job's start time and nodes, releasing ``running`` (positions in
+    ``cycle.running``) as they are expected to end; None if it never fits."""
     cycle: Cycle = placer.cycle
-    ends: list[tuple[float, str, RunningInfo]] = []
-    for r in running:
-        est = r.job.runtime_estimate_s if r.job.runtime_estimate_s is not None else default_runtime_s
-        end = r.run.start_time + est if est is not None else cycle.now
-        if end <= cycle.now:  # past its estimate, or none: heavy tails say as long again
-            end = cycle.now + max(cycle.now - r.run.start_time, MIN_LEFT_S)
-        ends.append((end, r.job.job_id, r))
-    ends.sort(key=lambda e: (e[0], e[1]))
+    ends = expected_ends(cycle, running, default_runtime_s)
     if not ends:
         return None  # nothing is known to end: no start time to promise
     st = base.copy()

@@ -58,6 +58,9 @@ class Placer:
         self._memo.check(self.table.states,
                          tuple(sp.score_epoch(cycle) for sp in self.scorers if sp.score_by == "state"))
         self._per_node: dict[tuple[object, ...], FloatArray] = {}  # per-node plugins' scores
+        self._lead = 0  # the leading run of per-state scorers, summed from one memo
+        while self._lead < len(self.scorers) and self.scorers[self._lead].score_by == "state":
+            self._lead += 1
 
     # --- predicates ------------------------------------------------------------------
     def static_mask(self, info: JobInfo, task: TaskRequest) -> BoolArray:
@@ -193,9 +196,7 @@ class Placer:
                 return out
             rows = np.asarray(changed)
         sid = sids[rows]
-        lead = 0
-        while lead < len(self.scorers) and self.scorers[lead].score_by == "state":
-            lead += 1
+        lead = self._lead
         total = self._by_state(p, ("lead", shape, *keys[:lead]), tuple(self.scorers[:lead]), sid, rows, True)
         for sp, k in zip(self.scorers[lead:], keys[lead:], strict=True):
             if sp.score_by == "node":

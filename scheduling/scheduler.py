@@ -589,8 +589,9 @@ class _Run:
     # --- backfill ---------------------------------------------------------------------------
     def _reserve(self, info: JobInfo) -> None:
         base = self.future if self.future is not None else self.cycle.state
-        running = [r for r in self.cycle.running
-                   if not r.run.terminating and r.job.job_id not in self.victims]
+        victims = self.victims
+        running = np.asarray([k for k, r in enumerate(self.cycle.running)
+                              if not r.run.terminating and r.job.job_id not in victims], dtype=np.int64)
         if self.future is None and any(r.run.terminating for r in self.cycle.running):
             base = self._future()
         default = self.s.backfill.default_runtime_s if self.s.backfill else None

@@ -19,6 +19,7 @@ one numpy gather, so only nodes whose state is new cost Python work.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
+from itertools import chain
 from typing import Literal
 
 import numpy as np
@@ -70,9 +71,13 @@ def typical_mix(shapes: Iterable[TaskShape], popularity_pct: float = 60.0, step:
 
 
 def task_shapes(tasks: Iterable[tuple[TaskRequest, tuple[str, ...], int]]) -> list[TaskShape]:
-    """Task types of (task, allowed models, replicas); FGD's key omits host memory."""
-    return [TaskShape(float(n), t.gpu, t.gpu_memory_mib, t.gpu_compute_pct, t.cpu_milli, 0, models)
-            for t, models, n in tasks]
+    """Task types of (task, allowed models, replicas), each once with its replicas
+    summed (what ``typical_mix`` counts); FGD's key omits host memory."""
+    count: dict[tuple[int, int, int, int, tuple[str, ...]], int] = {}
+    for t, models, n in tasks:
+        k = (t.gpu, t.gpu_memory_mib, t.gpu_compute_pct, t.cpu_milli, models)
+        count[k] = count.get(k, 0) + n
+    return [TaskShape(float(n), g, gm, gc, cpu, 0, models) for (g, gm, gc, cpu, models), n in count.items()]
 
 
 def fragmentation(gm: Sequence[int], gc: Sequence[int], total_mem: Sequence[int], ok: Sequence[bool],
@@ -129,8 +134,9 @@ class Fgd(Plugin):
     def _mix(self, cycle: Cycle) -> tuple[_Type, ...]:
         shapes: list[TaskShape] = list(cycle.snapshot.task_mix)
         if not shapes:
-            tasks = [(t, j.gpu_models, t.replicas) for j in cycle.snapshot.pending for t in j.tasks]
-            tasks += [(t, r.job.gpu_models, t.replicas) for r in cycle.snapshot.running for t in r.job.tasks]
+            snap = cycle.snapshot
+            tasks = chain(((t, j.gpu_models, t.replicas) for j in snap.pending for t in j.tasks),
+                          ((t, r.job.gpu_models, t.replicas) for r in snap.running for t in r.job.tasks))
             shapes = typical_mix(task_shapes(tasks), self.args.popularity_pct, self.args.step,
                                  self.args.include_cpu_tasks)
         models = cycle.table.models

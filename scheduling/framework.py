@@ -105,14 +105,17 @@ class RunTable:
             rows.append((code[job.tenant], r.static_priority, r.gpus, run.start_time, job.attained_service_s,
                          np.inf if est is None else est, -np.inf if ckpt is None else ckpt,
                          run.terminating or not job.preemptible or now - run.start_time < job.min_runtime_s,
-                         d.gpu, d.cpu_milli, d.memory_mib))
-        a = np.asarray(rows, dtype=float).reshape(len(runs), 11)
+                         d.gpu, d.cpu_milli, d.memory_mib, job.submit_time))
+        a = np.asarray(rows, dtype=float).reshape(len(runs), 12)
         self.tenant = a[:, 0].astype(np.int64)
         self.static, self.gpus, self.start, self.attained, self.estimate = (a[:, k] for k in range(1, 6))
         self.demand = a[:, 8:11]
         # GPU-seconds since the last checkpoint (or start): lost if stopped now
         self.lost = self.gpus * np.maximum(0.0, now - np.maximum(self.start, a[:, 6]))
         self.protected = a[:, 7] > 0
+        # how long each waited before its current start (less earlier runs, as ``waited``)
+        ran = np.where(self.gpus > 0, self.attained / np.maximum(self.gpus, 1e-9), 0.0)
+        self.waited = np.maximum(0.0, self.start - a[:, 11] - ran)
 
 
 class Cycle:

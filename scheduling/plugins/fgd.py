@@ -19,14 +19,13 @@ one numpy gather, so only nodes whose state is new cost Python work.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
-from itertools import chain
 from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from scheduling.framework import Cycle, Placing, Plugin, register
-from scheduling.model import GpuUse, TaskRequest, TaskShape
+from scheduling.model import GpuUse, JobRequest, TaskRequest, TaskShape
 from scheduling.state import ClusterState, FloatArray, IntArray, NodeTable
 
 # (p, whole GPUs, per-GPU memory, per-GPU compute %, cpu, memory, allowed model codes or None)
@@ -116,6 +115,8 @@ class Fgd(Plugin):
         super().__init__(args, weight)
         self.mix: tuple[_Type, ...] = ()
         self.table: NodeTable | None = None
+        self._counted: dict[int, JobRequest] = {}  # the jobs whose tasks are in _count
+        self._count: dict[tuple[int, int, int, int, tuple[str, ...]], int] = {}
         self.generation = 0  # of the memo: the epoch of the scores
         self._reset()
 
@@ -134,10 +135,7 @@ class Fgd(Plugin):
     def _mix(self, cycle: Cycle) -> tuple[_Type, ...]:
         shapes: list[TaskShape] = list(cycle.snapshot.task_mix)
         if not shapes:
-            snap = cycle.snapshot
-            tasks = chain(((t, j.gpu_models, t.replicas) for j in snap.pending for t in j.tasks),
-                          ((t, r.job.gpu_models, t.replicas) for r in snap.running for t in r.job.tasks))
-            shapes = typical_mix(task_shapes(tasks), self.args.popularity_pct, self.args.step,
+            shapes = typical_mix(self._count_tasks(cycle), self.args.popularity_pct, self.args.step,
                                  self.args.include_cpu_tasks)
         models = cycle.table.models
         out = []
@@ -146,6 +144,28 @@ class Fgd(Plugin):
             out.append((s.weight, s.gpu, s.gpu_memory_mib, s.gpu_compute_pct, s.cpu_milli, s.memory_mib,
                         allowed))
         return tuple(out)
+
+    def _count_tasks(self, cycle: Cycle) -> list[TaskShape]:
+        """The pending and running jobs' task types with their replicas summed, as
+        ``task_shapes`` gives them: kept across cycles and changed by the jobs that
+        came and went (job objects are compared by identity)."""
+        snap = cycle.snapshot
+        jobs = [*snap.pending, *(r.job for r in snap.running)]
+        now = dict(zip(map(id, jobs), jobs, strict=True))
+        before = self._counted
+        count = self._count
+        for sign, side, keys in ((-1, before, before.keys() - now.keys()), (1, now, now.keys() - before.keys())):
+            for k in keys:
+                j = side[k]
+                for t in j.tasks:
+                    key = (t.gpu, t.gpu_memory_mib, t.gpu_compute_pct, t.cpu_milli, j.gpu_models)
+                    n = count.get(key, 0) + sign * t.replicas
+                    if n:
+                        count[key] = n
+                    else:
+                        del count[key]
+        self._counted = now  # keeps the objects alive, so ids stay unique
+        return [TaskShape(float(n), g, gm, gc, cpu, 0, models) for (g, gm, gc, cpu, models), n in count.items()]
 
     def open(self, cycle: Cycle) -> None:
         mix = self._mix(cycle)

@@ -229,7 +229,12 @@ class Srpt(Plugin):
         mine_done = np.array([info.job.attained_service_s / info.gpus if info.gpus else 0.0])
         mine = float(self._service(expected_left(est, mine_done, a.unknown_s, a.overrun),
                                    np.array([info.gpus]))[0])
-        return [(theirs > a.preempt_ratio * mine, PreemptReason.SRTF)]
+        ok = theirs > a.preempt_ratio * mine
+        if cycle.starvation_bound_s is not None:
+            # a job that starved before it started is not stopped for shorter work: it would
+            # queue again, starve again and go first again, round and round
+            ok &= rt.waited < cycle.starvation_bound_s
+        return [(ok, PreemptReason.SRTF)]
 
 
 class TiresiasArgs(BaseModel):

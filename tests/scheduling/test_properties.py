@@ -389,3 +389,23 @@ def test_taking_replica_by_replica_keeps_the_figures_a_rebuild_has(snap) -> None
     empty = ClusterState(table)
     empty.apply(snap.allocations)
     assert (one.idle == empty.idle).all() and (one.cmp_sum == empty.cmp_sum).all()
+
+
+@SETTINGS
+@given(snapshots(), snapshots())
+def test_the_workload_mix_kept_across_cycles_equals_a_fresh_count(first, second) -> None:
+    """FGD counts task types by the jobs that came and went: the same as counting anew."""
+    from types import SimpleNamespace
+
+    from scheduling.plugins.fgd import Fgd, FgdArgs, task_shapes
+
+    def fresh(snap: Snapshot) -> list:
+        tasks = [(t, j.gpu_models, t.replicas) for j in snap.pending for t in j.tasks]
+        tasks += [(t, r.job.gpu_models, t.replicas) for r in snap.running for t in r.job.tasks]
+        return sorted(task_shapes(tasks), key=repr)
+
+    fgd = Fgd(FgdArgs())
+    # the second cycle keeps some of the first one's job objects and brings new ones
+    second = replace(second, pending=first.pending[::2] + second.pending)
+    for snap in (first, second, first):
+        assert sorted(fgd._count_tasks(SimpleNamespace(snapshot=snap)), key=repr) == fresh(snap)

@@ -100,3 +100,14 @@ def test_srpt_preempts_only_a_job_expected_to_hold_far_longer() -> None:
         plan = w.submit(job("short").gpus(8).estimate(1_000)).step()
         assert [p.job_id for p in plan.preemptions] == preempted
         assert all(p.reason == PreemptReason.SRTF for p in plan.preemptions)
+
+
+def test_srpt_does_not_preempt_a_job_that_starved_before_it_started() -> None:
+    """A long job that waited past the starvation bound, then started, is not stopped for
+    shorter work: it would queue again, starve again and go first again, in a loop."""
+    cfg = config("gang", ("priority", {"starvation_bound_s": 3600.0}), "srpt", "binpack")
+    for submitted, preempted in ((-100, ["long"]), (-7200, [])):  # waited 100 s, or 2 h, before its start at 0
+        w = World(cluster(1), Scheduler(cfg), now=10)
+        w.start(job("long").gpus(8).estimate(100_000).submit(submitted), at=0, n0=list(range(8)))
+        plan = w.submit(job("short").gpus(8).estimate(1_000).submit(5)).step()
+        assert [p.job_id for p in plan.preemptions] == preempted

@@ -23,8 +23,10 @@ if __name__ == "__main__":
     p.add_argument("--nodes", type=int, nargs="+", default=[64, 80, 96])
     p.add_argument("--policies", nargs="+", default=None)
     p.add_argument("--out", default="bench/results/sim_philly.json")
+    p.add_argument("--workers", type=int, default=1, help="runs at once, in separate processes")
     a = p.parse_args()
     jobs = load_philly(PHILLY, a.limit)
     kw = {"policies": a.policies} if a.policies else {}
     run("philly", jobs, [(n, 8) for n in a.nodes], Path(a.out), SimSettings(cycle_s=60.0, tick_s=600.0),
-        note=(f"prefix: first {a.limit} of 82,247 jobs by submit time" if a.limit else "the whole trace"), **kw)
+        note=(f"prefix: first {a.limit} of 82,247 jobs by submit time" if a.limit else "the whole trace"),
+        workers=a.workers, **kw)

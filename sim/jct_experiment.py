@@ -27,29 +27,52 @@ def run_policy(jobs: Sequence[TraceJob], nodes: int, gpus: int, policy: str, bas
     return res, time.perf_counter() - t0
 
 
+def _one(jobs: Sequence[TraceJob], n: int, g: int, policy: str, base: SimSettings
+         ) -> tuple[dict[str, Any], SimResult]:
+    res, wall = run_policy(jobs, n, g, policy, base)
+    m = summarize(res)
+    m["wall_s"] = round(wall, 1)
+    return m, res
+
+
 def run(name: str, jobs: Sequence[TraceJob], clusters: Sequence[tuple[int, int]], out: Path,
-        base: SimSettings, policies: Sequence[str] = POLICIES, note: str = "") -> dict[str, Any]:
-    doc: dict[str, Any] = {}
-    runs: dict[str, dict[str, SimResult]] = {}
-    detail: dict[str, Any] = {}
+        base: SimSettings, policies: Sequence[str] = POLICIES, note: str = "", workers: int = 1) -> dict[str, Any]:
+    """Every policy on every cluster; ``workers`` > 1 runs that many at once in separate
+    processes (each run is single-threaded; wall_s is then measured under that load)."""
+    keys = [f"{n}x{g}" for n, g in clusters]
+    doc: dict[str, Any] = {k: {} for k in keys}
+    runs: dict[str, dict[str, SimResult]] = {k: {} for k in keys}
+    detail: dict[str, Any] = {k: {} for k in keys}
+    todo = [(f"{n}x{g}", n, g, policy) for n, g in clusters for policy in policies]
+
+    def record(key: str, policy: str, m: dict[str, Any], res: SimResult) -> None:
+        doc[key][policy] = {k: m[k] for k in TABLE_KEYS} | {
+            "avg_jct_over_duration": m["avg_jct_over_duration"], "preemptions": m["preemptions"],
+            "unfinished": m["unfinished"], "max_queue_s": m["max_queue_s"], "wall_s": m["wall_s"]}
+        detail[key][policy] = m | {"series": series(res)}
+        runs[key][policy] = res
+        out.parent.mkdir(parents=True, exist_ok=True)  # partial results survive a cut-off run
+        partial = {k: {p: doc[k][p] for p in policies if p in doc[k]} for k in keys}
+        out.write_text(json.dumps(partial | {"protocol": {"partial": True, "note": note}}, indent=2) + "\n")
+
     with progress() as bar:
-        task = bar.add_task(name, total=len(clusters) * len(policies))
-        for n, g in clusters:
-            key = f"{n}x{g}"
-            doc[key], runs[key], detail[key] = {}, {}, {}
-            for policy in policies:
+        task = bar.add_task(name, total=len(todo))
+        if workers <= 1:
+            for key, n, g, policy in todo:
                 bar.update(task, description=f"{name} {key} {policy}")
-                res, wall = run_policy(jobs, n, g, policy, base)
-                m = summarize(res)
-                m["wall_s"] = round(wall, 1)
-                doc[key][policy] = {k: m[k] for k in TABLE_KEYS} | {
-                    "avg_jct_over_duration": m["avg_jct_over_duration"], "preemptions": m["preemptions"],
-                    "unfinished": m["unfinished"], "wall_s": m["wall_s"]}
-                detail[key][policy] = m | {"series": series(res)}
-                runs[key][policy] = res
+                record(key, policy, *_one(jobs, n, g, policy, base))
                 bar.advance(task)
-                out.parent.mkdir(parents=True, exist_ok=True)  # partial results survive a cut-off run
-                out.write_text(json.dumps(doc | {"protocol": {"partial": True, "note": note}}, indent=2) + "\n")
+        else:
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+
+            with ProcessPoolExecutor(workers) as pool:
+                futures = {pool.submit(_one, jobs, n, g, policy, base): (key, policy) for key, n, g, policy in todo}
+                for f in as_completed(futures):
+                    key, policy = futures[f]
+                    record(key, policy, *f.result())
+                    bar.update(task, description=f"{name} {key} {policy} done")
+                    bar.advance(task)
+    doc = {k: {p: doc[k][p] for p in policies} for k in keys}  # the table in policy order
     doc["protocol"] = {"trace": name, "jobs": len(jobs), "note": note, "rules": base.rules(),
                        "policies": {"FIFO": "fifo preset", "SJF": "sjf preset, oracle durations (a bound)",
                                     "Tiresias": "tiresias preset (2D-LAS, preemptive)", "DRF": "drf preset",

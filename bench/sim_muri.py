@@ -23,6 +23,7 @@ if __name__ == "__main__":
     p.add_argument("--traces", nargs="+", default=["trace1", "trace2"])
     p.add_argument("--limit", type=int, default=None, help="first N jobs only")
     p.add_argument("--out", default="bench/results/sim_muri.json")
+    p.add_argument("--workers", type=int, default=1, help="runs at once, in separate processes")
     a = p.parse_args()
     cluster = load_cluster_spec(MURI / "n8g8.csv")
     base = SimSettings(cycle_s=60.0, tick_s=1800.0)
@@ -33,7 +34,7 @@ if __name__ == "__main__":
         jobs = load_muri(MURI / f"{tr}.csv", a.limit)
         out = Path(a.out).with_name(f"sim_muri_{tr}.json")
         doc = run(f"muri-{tr}", jobs, [cluster], out, base,
-                  note=f"first {a.limit} jobs" if a.limit else "all jobs")
+                  note=f"first {a.limit} jobs" if a.limit else "all jobs", workers=a.workers)
         protocol[tr] = doc.pop("protocol")
         merged |= {f"{key}/{tr}": rows for key, rows in doc.items()}  # e.g. "8x8/trace1"
     merged["protocol"] = protocol

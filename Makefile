@@ -44,7 +44,7 @@ bench: $(STAMP) ## end-to-end latency benchmark (writes bench/results/e2e_latenc
 	$(BIN)/python bench/e2e_latency.py
 
 bench-sim: $(STAMP) ## simulator tables + plots: openb fill (10 seeds), Muri, the whole Philly trace (about 45 min on 2 cores)
-	$(BIN)/python bench/sim_openb.py && $(BIN)/python bench/sim_muri.py --traces trace1 --workers 2 && $(BIN)/python bench/sim_muri.py --traces trace2 --limit 1500 --workers 2 && $(BIN)/python bench/sim_philly.py --workers 2
+	$(BIN)/python bench/sim_openb.py && $(BIN)/python bench/sim_muri.py --workers 2 && $(BIN)/python bench/sim_philly.py --workers 2
 
 clean: ## remove the virtualenv and local state
 	rm -rf $(VENV) .kairos

@@ -84,9 +84,9 @@ class VictimIndex:
     def mark_gone(self, ks: list[int] | IntArray) -> None:
         self.gone[ks] = True
 
-    def candidates(self, info: JobInfo, plugins: list[Plugin]) -> tuple[BoolArray, BoolArray, list[PreemptReason]]:
-        """Allocations that may be stopped for ``info`` (whole jobs, and shrinkable replicas)
-        and the reason of each running job."""
+    def candidates(self, info: JobInfo, plugins: list[Plugin]) -> tuple[BoolArray, BoolArray]:
+        """Allocations that may be stopped for ``info``: whole jobs, and shrinkable
+        replicas (each running job's reason is kept for ``units_on``)."""
         n_run = len(self.cycle.running)
         elig = np.zeros(n_run, dtype=bool)
         reason_of = np.full(n_run, -1, dtype=np.int64)
@@ -112,7 +112,7 @@ class VictimIndex:
                   & ~padded(self.taken, True)[run] & (static[run] <= info.static_priority))
         self._reason_of = reason_of
         self._reasons = reasons
-        return whole, shrink, [reasons[k] if k >= 0 else PreemptReason.PRIORITY for k in reason_of.tolist()]
+        return whole, shrink
 
     def units_on(self, i: int, whole: BoolArray, shrink: BoolArray) -> list[Unit]:
         """Victim units with an allocation on node ``i``, cheapest first."""
@@ -159,7 +159,7 @@ def preempt_for(placer: Placer, st: ClusterState, info: JobInfo, vix: VictimInde
                 ) -> tuple[list[Unit], list[Bind]] | None:
     """Victims and the binds (on ``st``) that place ``info``; None, untouched, if none do."""
     cycle = placer.cycle
-    whole, shrink, _ = vix.candidates(info, plugins)
+    whole, shrink = vix.candidates(info, plugins)
     if not (whole.any() or shrink.any()):
         return None
     # cheap bound first: the free GPUs and every candidate's together must cover the job

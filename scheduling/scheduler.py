@@ -229,21 +229,21 @@ class Scheduler:
     def _job_infos(self, cycle: Cycle) -> list[JobInfo]:
         """Per-job derived data, kept across cycles while the job object is the same;
         their numbers gathered into ``cycle.cols`` (one column per job, same order)."""
-        old = self._infos
+        infos = self._infos  # holds the job objects, so their ids are not reused meanwhile
         pending = cycle.snapshot.pending
-        hits = [old.get(id(j)) for j in pending]
-        for k in [k for k, (j, h) in enumerate(zip(pending, hits, strict=True)) if h is None or h[0] is not j]:
-            stale = old.pop(id(pending[k]), None)
-            if stale is not None:  # a new object at a freed id: its predecessor's row is free
-                self._cols.release((stale[2],))
-            info = self._new_info(cycle, pending[k])
-            hits[k] = (pending[k], info, self._cols.add(self._row(info)))
-        new = {id(h[0]): h for h in hits if h is not None}
-        self._cols.release(old[k][2] for k in old.keys() - new.keys())
-        self._infos = new
-        rows = np.array([h[2] for h in hits if h is not None], dtype=np.int64)
-        cycle.cols = self._cols.gather(rows)
-        return [h[1] for h in hits if h is not None]
+        ids = list(map(id, pending))
+        now = dict(zip(ids, pending, strict=True))
+        for k, job in now.items():  # new job objects, in the snapshot's order
+            if k not in infos:
+                info = self._new_info(cycle, job)
+                infos[k] = (job, info, self._cols.add(self._row(info)))
+        gone = infos.keys() - now.keys()
+        self._cols.release([infos[k][2] for k in gone])
+        for k in gone:
+            del infos[k]
+        hits = list(map(infos.__getitem__, ids))
+        cycle.cols = self._cols.gather(np.fromiter((h[2] for h in hits), dtype=np.int64, count=len(hits)))
+        return [h[1] for h in hits]
 
     def _new_info(self, cycle: Cycle, job: JobRequest) -> JobInfo:
         rank = cycle.role_rank

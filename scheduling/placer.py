@@ -117,7 +117,7 @@ class Placer:
             return self.choose_among(p, cand)
         # the same choice as choose_among: the best score, ties to the lowest node index
         total = np.where(base, kept, _NEG)
-        while True:
+        while total.size:
             i = int(np.argmax(total))
             if total[i] == _NEG:
                 return None
@@ -125,6 +125,7 @@ class Placer:
             if uses is not None:
                 return i, uses
             total[i] = _NEG
+        return None  # no nodes at all
 
     def choose_among(self, p: Placing, cand: IntArray) -> tuple[int, tuple[GpuUse, ...]] | None:
         if cand.size == 0:

@@ -90,3 +90,13 @@ def test_mig_slices() -> None:
     plan = place(nodes, job("a").mig(3).replicas(4), job("b").gpus(1))
     assert [(b.gpus[0].index, b.gpus[0].mig_slices) for b in plan.binds] == [(0, 3), (0, 3), (1, 3), (1, 3)]
     assert plan.pending == {"b": PendingReason.NEVER_FITS}  # MIG GPUs serve only slices
+
+
+@pytest.mark.parametrize("preset", ["default", "fifo", "tiresias", "fgd"])
+def test_no_nodes_places_nothing_and_says_why(preset) -> None:
+    """Before any node has registered, every job waits (the kept-scores path included)."""
+    from scheduling import SchedulerConfig, Snapshot
+
+    jobs = (job("a").gpus(1).build(), job("b").share(10_000, 30).build(), job("c").cpu(1000).build())
+    plan = Scheduler(SchedulerConfig.preset(preset)).schedule(Snapshot(0.0, (), (), jobs, ()))
+    assert plan.binds == [] and set(plan.pending) == {"a", "b", "c"}

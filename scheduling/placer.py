@@ -211,7 +211,8 @@ class Placer:
                   rows: IntArray, fit: bool) -> FloatArray:
         """The plugins' weighted score sum on ``rows`` (-inf where the replica does not
         fit, with ``fit``), memoised this cycle by node state (``sid``, the rows' ids)."""
-        self._memo.check(self.table.states, self._memo.epoch)  # the interning may have started over
+        if self._memo.states is not self.table.states:  # the interning started over mid-cycle
+            self._memo.states, self._memo.arrays = self.table.states, {}
         memos = self._memo.arrays
         memo = memos.get(key)
         top = int(sid.max()) + 1 if sid.size else 0

@@ -139,6 +139,12 @@ class TaskRequest:
     max_replicas: int | None = None
 
     @property
+    def shape(self) -> tuple[int, int, int, int, int, int]:
+        """What one replica asks of a node: equal shapes fit and score alike."""
+        return (self.gpu, self.gpu_memory_mib, self.gpu_compute_pct, self.mig_slices, self.cpu_milli,
+                self.memory_mib)
+
+    @property
     def shared(self) -> bool:
         return self.gpu == 0 and (self.gpu_memory_mib > 0 or self.gpu_compute_pct > 0)
 

@@ -82,8 +82,7 @@ class Placer:
     def fit_mask(self, st: ClusterState, task: TaskRequest, base: BoolArray) -> BoolArray:
         """Nodes in ``base`` with room for one replica. The capacity part is cached per
         task shape on the state and brought up to date for the nodes changed since."""
-        key = (task.gpu, task.gpu_memory_mib, task.gpu_compute_pct, task.mig_slices, task.cpu_milli,
-               task.memory_mib)
+        key = task.shape
         cache: dict[tuple[int, ...], list[object]] = st.cache.setdefault("fit", {})
         ent = cache.get(key)
         if ent is None:
@@ -172,7 +171,7 @@ class Placer:
 
         The sum is taken in plugin order, as ``scores`` does; its leading run of
         per-state plugins comes from one memo by node state, so a changed node whose
-        new state was seen before this cycle costs no plugin call."""
+        new state was seen before costs no plugin call."""
         if not self.memo:
             return None
         if self.task_masks and any(tm.task_mask_applies(self.cycle, p) for tm in self.task_masks):
@@ -181,7 +180,7 @@ class Placer:
         if None in keys:
             return None
         t, st = p.task, p.state
-        shape = (t.gpu, t.gpu_memory_mib, t.gpu_compute_pct, t.mig_slices, t.cpu_milli, t.memory_mib)
+        shape = t.shape
         key = (shape, *keys)
         cache: dict[tuple[object, ...], list[object]] = st.cache.setdefault("scores", {})
         ent = cache.get(key)
@@ -210,7 +209,8 @@ class Placer:
     def _by_state(self, p: Placing, key: tuple[object, ...], plugins: tuple[Plugin, ...], sid: IntArray,
                   rows: IntArray, fit: bool) -> FloatArray:
         """The plugins' weighted score sum on ``rows`` (-inf where the replica does not
-        fit, with ``fit``), memoised this cycle by node state (``sid``, the rows' ids)."""
+        fit, with ``fit``), memoised by node state (``sid``, the rows' ids) in the
+        ``ScoreMemo``, which outlives the cycle while the epochs hold."""
         if self._memo.states is not self.table.states:  # the interning started over mid-cycle
             self._memo.states, self._memo.arrays = self.table.states, {}
         memos = self._memo.arrays

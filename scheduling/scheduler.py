@@ -258,8 +258,7 @@ class Scheduler:
         for g in self.hooks["min_members"]:
             info.min_members = g.min_members(info) or info.min_members
         shape = (
-            tuple((t.gpu, t.gpu_memory_mib, t.gpu_compute_pct, t.mig_slices, t.cpu_milli,
-                   t.memory_mib, t.replicas, t.role) for t in tasks),
+            tuple((*t.shape, t.replicas, t.role) for t in tasks),
             info.min_members, job.gpu_models, tuple(sorted(job.node_selector.items())),
             job.tolerations, job.affinity)
         info.shape = (self._shapes.setdefault(shape, len(self._shapes)),)

@@ -22,12 +22,6 @@ def _need_pct(p: Placing) -> float:
     return 100.0 * t.gpu_amount
 
 
-def task_shape(p: Placing) -> tuple[int, ...]:
-    """What a per-node score of a replica depends on, of the replica itself."""
-    t = p.task
-    return (t.gpu, t.gpu_memory_mib, t.gpu_compute_pct, t.mig_slices, t.cpu_milli, t.memory_mib)
-
-
 def _gpu_fill_after(cycle: Cycle, p: Placing, cand: IntArray) -> FloatArray:
     """Share of the node's GPU (else CPU) capacity in use once the replica is placed."""
     st, tbl = p.state, cycle.table
@@ -60,7 +54,7 @@ class Binpack(Plugin):
         return 1.0 - fill if cycle.spread else fill
 
     def score_key(self, cycle: Cycle, p: Placing) -> Hashable | None:
-        return task_shape(p)
+        return p.task.shape
 
     def score_epoch(self, cycle: Cycle) -> Hashable | None:
         return ()  # a function of the node's state and the task alone
@@ -82,7 +76,7 @@ class BestFit(Plugin):
         return np.asarray(-(0.5 * cpu_left + 0.5 * gpu_left), dtype=np.float64)
 
     def score_key(self, cycle: Cycle, p: Placing) -> Hashable | None:
-        return task_shape(p)
+        return p.task.shape
 
     def score_epoch(self, cycle: Cycle) -> Hashable | None:
         return ()  # a function of the node's state and the task alone

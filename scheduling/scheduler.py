@@ -17,6 +17,7 @@ import gc
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
 
@@ -43,6 +44,7 @@ from scheduling.quota import Admission, QuotaBook
 from scheduling.state import BoolArray, ClusterState, NodeTable
 
 HOOKS = ("order_keys", "admit", "node_mask", "task_mask", "score", "victims", "min_members", "pick")
+_INFO, _ROW = itemgetter(1), itemgetter(2)  # of a kept (job, info, row)
 STARVED_RESERVATIONS = 16  # starved jobs beyond the EASY head that get a reservation per cycle
 _CAPACITY = (PendingReason.NO_FIT, PendingReason.GANG_INCOMPLETE, PendingReason.AFFINITY,
              PendingReason.GPU_MODEL)
@@ -233,17 +235,19 @@ class Scheduler:
         pending = cycle.snapshot.pending
         ids = list(map(id, pending))
         now = dict(zip(ids, pending, strict=True))
-        for k, job in now.items():  # new job objects, in the snapshot's order
-            if k not in infos:
-                info = self._new_info(cycle, job)
-                infos[k] = (job, info, self._cols.add(self._row(info)))
+        new = now.keys() - infos.keys()  # set operations in C: thousands may wait
+        if new:
+            first = dict(zip(reversed(ids), range(len(ids) - 1, -1, -1), strict=True))  # first position of each
+            for k in sorted(new, key=first.__getitem__):  # new job objects, in the snapshot's order
+                info = self._new_info(cycle, now[k])
+                infos[k] = (now[k], info, self._cols.add(self._row(info)))
         gone = infos.keys() - now.keys()
         self._cols.release([infos[k][2] for k in gone])
         for k in gone:
             del infos[k]
         hits = list(map(infos.__getitem__, ids))
-        cycle.cols = self._cols.gather(np.fromiter((h[2] for h in hits), dtype=np.int64, count=len(hits)))
-        return [h[1] for h in hits]
+        cycle.cols = self._cols.gather(np.fromiter(map(_ROW, hits), dtype=np.int64, count=len(hits)))
+        return list(map(_INFO, hits))
 
     def _new_info(self, cycle: Cycle, job: JobRequest) -> JobInfo:
         rank = cycle.role_rank
@@ -296,6 +300,8 @@ class Scheduler:
 class _Run:
     """Phases 2-5 of one cycle."""
 
+    bulk = True  # False: every job tried one by one (the reference for the bulk path's test)
+
     def __init__(self, sched: Scheduler, cycle: Cycle, infos: list[JobInfo]) -> None:
         self.s = sched
         self.cycle = cycle
@@ -322,7 +328,9 @@ class _Run:
             sched.config.preemption.enabled) else 0
         self.admit_hooks = sched.hooks["admit"]
         self.memo_grew = False  # this job added to the failure / no-victims memos or used a try
-        self.arrays: tuple[np.ndarray, ...] | None = None  # per ordered job, for _settle_rest
+        self.arrays: tuple[np.ndarray, ...] | None = None  # per ordered job, for _resolved
+        self.resolved: tuple[BoolArray, BoolArray, np.ndarray, dict[int, PendingReason]] | None = None
+        self.resolved_soft: tuple[bool, float] = (False, np.inf)
 
     def run(self) -> Plan:
         cycle = self.cycle
@@ -334,22 +342,24 @@ class _Run:
             assert cycle.job_priority is not None and cycle.job_starved is not None
             prio = cycle.job_priority[cycle.order].tolist()
             starved = cycle.job_starved[cycle.order].tolist()
-        for pos, info in enumerate(ordered):
+        pos, n = 0, len(ordered)
+        while pos < n:
+            info = ordered[pos]
             if aged:
                 info.priority, info.starved = prio[pos], starved[pos]
             self.memo_grew = False
             reason = self._allocate(info)
-            if reason is None:
-                continue
-            pend[info.job.job_id] = reason
-            if reason in _CAPACITY and info.starved and not any(
-                    r.job_id == info.job.job_id for r in self.plan.reservations):
-                # A starved job without a reservation (no backfill, or no estimate tells
-                # when it could start) holds the line: nothing after it starts.
-                pend.update((i.job.job_id, PendingReason.PRIORITY) for i in ordered[pos + 1:])
-                break
-            if self.memo_grew and self._settle_rest(ordered, pos + 1):
-                break
+            pos += 1
+            if reason is not None:
+                pend[info.job.job_id] = reason
+                if reason in _CAPACITY and info.starved and not any(
+                        r.job_id == info.job.job_id for r in self.plan.reservations):
+                    # A starved job without a reservation (no backfill, or no estimate tells
+                    # when it could start) holds the line: nothing after it starts.
+                    pend.update(dict.fromkeys(self.plan.order[pos:], PendingReason.PRIORITY))
+                    break
+            if self.bulk and pos < n:
+                pos = self._skip(ordered, pos)
         if self.s.elastic is not None and self.s.elastic.grow:
             self._grow()
         if cycle.table.cordoned.any():
@@ -415,65 +425,88 @@ class _Run:
                 self._reserve(info)
         return reason
 
-    def _settle_rest(self, ordered: list[JobInfo], start: int) -> bool:
-        """Once every job from ``start`` on would hit a failure remembered this cycle
-        with nothing more to try (no preemption, no reservation), give them their
-        reasons in bulk instead of one by one: the same plan, far cheaper with
-        thousands of jobs waiting on a full cluster. Admission (quotas) is asked of
-        each job last, once the rest is settled: it cannot change while nothing starts,
-        and a refused job only needs nothing more."""
-        if start >= len(ordered):
-            return True
+    def _skip(self, ordered: list[JobInfo], start: int) -> int:
+        """Give the jobs from ``start`` on that would only hit a failure remembered this
+        cycle, with nothing more to try (no preemption, no reservation), their reasons
+        in bulk, up to the next job that must be tried; returns its position (the end
+        when the rest is settled). The same plan as one by one, far cheaper with
+        thousands of jobs waiting on a full cluster: admission (quotas) is asked of each
+        skipped job in order, and cannot change while nothing starts."""
+        if self.masks_dirty:
+            self._block_for(ordered[start])
+        if self.memo_grew or self.resolved is None or self.resolved_soft != (self.any_soft, self.shadow):
+            self.resolved = self._resolved(ordered)
+            self.resolved_soft = (self.any_soft, self.shadow)
+        ok, holds, codes, reasons = self.resolved
+        rest = np.flatnonzero(~ok[start:])
+        stop = start + int(rest[0]) if len(rest) else len(ordered)
+        if stop == start:
+            return start
+        pend, cycle, hooks, ids = self.plan.pending, self.cycle, self.admit_hooks, self.plan.order
+        if not hooks:  # all in C: no per-job Python with thousands waiting
+            held = np.flatnonzero(holds[start:stop])
+            end = start + int(held[0]) + 1 if len(held) else stop
+            pend.update(zip(ids[start:end], map(reasons.__getitem__, codes[start:end].tolist()), strict=True))
+            if len(held):  # a starved job without a reservation holds the line: nothing after it starts
+                pend.update(dict.fromkeys(ids[end:], PendingReason.PRIORITY))
+                return len(ordered)
+            return stop
+        aged = cycle.job_priority is not None and cycle.job_starved is not None
+        if aged:
+            assert cycle.job_priority is not None and cycle.job_starved is not None
+            prio = cycle.job_priority[cycle.order[start:stop]].tolist()
+            starved = cycle.job_starved[cycle.order[start:stop]].tolist()
+        code = codes[start:stop].tolist()
+        for j in range(stop - start):
+            info = ordered[start + j]
+            if aged:
+                info.priority, info.starved = prio[j], starved[j]  # what the admit hooks see
+            refused = None
+            for p in hooks:
+                refused = p.admit(cycle, info)
+                if refused is not None:
+                    break
+            reason = pend[ids[start + j]] = refused or reasons[code[j]]
+            if reason in _CAPACITY and info.starved:
+                pend.update(dict.fromkeys(ids[start + j + 1:], PendingReason.PRIORITY))
+                return len(ordered)
+        return stop
+
+    def _resolved(self, ordered: list[JobInfo]) -> tuple[BoolArray, BoolArray, np.ndarray, dict[int, PendingReason]]:
+        """Per ordered job: whether it is settled by this cycle's memos (see ``_skip``),
+        whether it then holds the line (starved, out of room, admitted), its memo code;
+        and the reason of each code."""
         if self.arrays is None:
             c, order = self.cycle.cols, self.cycle.order
             st = self.cycle.job_starved
             self.arrays = (c[jc.SHAPE][order].astype(np.int64), c[jc.PSHAPE][order].astype(np.int64),
                            c[jc.ESTIMATE][order],
                            st[order] if st is not None else np.zeros(len(order), dtype=bool))
-        shape, pshape, est, starved = (a[start:] for a in self.arrays)
-        if self.masks_dirty:
-            self._block_for(ordered[start])
+        shape, pshape, est, starved = self.arrays
         soft = ~(est + self.cycle.now <= self.shadow) if self.any_soft else np.zeros(len(shape), dtype=bool)
-        keys = np.unique(shape * 2 + soft)
+        codes = shape * 2 + soft
+        keys = np.unique(codes)
         reasons: dict[int, PendingReason] = {}
-        for k in keys.tolist():
+        known = np.zeros(len(keys), dtype=bool)
+        capacity = np.zeros(len(keys), dtype=bool)
+        for m, k in enumerate(keys.tolist()):
             r = self.failed.get(((k // 2,), bool(k % 2)))  # the memo's key: (info.shape, soft)
-            if r is None:
-                return False
-            reasons[k] = r
-        capacity = np.fromiter((reasons[k] in _CAPACITY for k in keys.tolist()), bool, len(keys))
-        if capacity.any() and not (self.s.backfill is None or self.reserve_tries >= self.s.backfill.depth):
-            return False
-        if capacity.any() and self.preempt_budget > 0:
-            cap_job = np.isin(shape * 2 + soft, keys[capacity])
-            for k in np.unique(pshape[cap_job] * 2 + soft[cap_job]).tolist():
-                j = int(np.flatnonzero(cap_job & (pshape * 2 + soft == k))[0])
-                info = ordered[start + j]
-                if (info.shape, info.static_priority, info.job.tenant, bool(k % 2)) not in self.no_victims:
-                    return False
-        if starved.any() and self.s.backfill is not None:
-            return False  # starved jobs may still get a reservation each: one by one
-        codes = (shape * 2 + soft).tolist()
-        refused: dict[int, PendingReason] = {}
-        if self.admit_hooks:
-            cycle = self.cycle
-            for j in range(len(codes)):
-                for p in self.admit_hooks:
-                    r = p.admit(cycle, ordered[start + j])
-                    if r is not None:
-                        refused[j] = r
-                        break
-        stop = len(codes)
-        hold = starved & np.isin(shape * 2 + soft, keys[capacity])
-        if refused:
-            hold[list(refused)] = False  # refused at admission: never tried, holds nothing
-        if hold.any():
-            stop = int(np.flatnonzero(hold)[0]) + 1  # a starved job holds the line after it
-        pend = self.plan.pending
-        for j in range(len(codes)):
-            pend[ordered[start + j].job.job_id] = (
-                PendingReason.PRIORITY if j >= stop else refused.get(j) or reasons[codes[j]])
-        return True
+            if r is not None:
+                reasons[k], known[m], capacity[m] = r, True, r in _CAPACITY
+        where = np.searchsorted(keys, codes)
+        ok = known[where]
+        cap = capacity[where]
+        if cap.any():
+            if not (self.s.backfill is None or self.reserve_tries >= self.s.backfill.depth):
+                ok &= ~cap  # the head's reservation is still to be tried
+            elif self.preempt_budget > 0:
+                pcodes = pshape * 2 + soft
+                for k in np.unique(pcodes[cap & ok]).tolist():
+                    j = int(np.flatnonzero(cap & (pcodes == k))[0])
+                    info = ordered[j]
+                    if (info.shape, info.static_priority, info.job.tenant, bool(k % 2)) not in self.no_victims:
+                        ok &= ~(cap & (pcodes == k))  # a preemption is still to be tried
+        return ok, ok & cap & starved, codes, reasons
 
     def _settled(self, info: JobInfo, soft: bool) -> bool:
         """Neither a preemption nor a reservation would be tried for this job."""

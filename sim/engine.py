@@ -24,6 +24,8 @@ import statistics
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import chain
+from operator import attrgetter
 from typing import Literal, cast
 
 from scheduling import (
@@ -40,6 +42,7 @@ from scheduling import (
 from sim.traces import TraceJob
 
 Estimates = Literal["none", "oracle", "history"]
+_ALLOCS, _RUNNING, _REQUEST = attrgetter("allocs"), attrgetter("running"), attrgetter("request")
 _FINISH, _STOP, _FAIL, _RECOVER, _ARRIVE, _TICK = 0, 1, 2, 3, 4, 5  # order of events at the same time
 
 
@@ -264,9 +267,10 @@ class Simulation:
 
     # --- a scheduling cycle ---------------------------------------------------------------
     def _cycle(self, now: float) -> None:
-        allocs = tuple(a for r in self.runs.values() for a in r.allocs)
-        running = tuple(r.running for r in self.runs.values() if r.running is not None)
-        pending = tuple(r.request for r in self.pending.values())
+        # C-level gathers: thousands of jobs wait on an overloaded cluster
+        allocs = tuple(chain.from_iterable(map(_ALLOCS, self.runs.values())))
+        running = tuple(filter(None, map(_RUNNING, self.runs.values())))
+        pending = tuple(map(_REQUEST, self.pending.values()))
         plan = self.sched.schedule(Snapshot(now, self.nodes, allocs, pending, running))
         self._apply(plan, now)
 

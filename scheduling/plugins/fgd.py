@@ -19,6 +19,7 @@ one numpy gather, so only nodes whose state is new cost Python work.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import replace
 from typing import Literal
 
 import numpy as np
@@ -37,6 +38,8 @@ class FgdArgs(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     popularity_pct: float = Field(60.0, gt=0, le=100, description="task types kept cover this %")
     step: int = Field(10, ge=1, description="types are added this many at a time")
+    mix_step: float = Field(0.05, ge=0, le=1, description="shares of the live mix (no Snapshot.task_mix) "
+                            "are rounded to this; 0: exact")
     include_cpu_tasks: bool = Field(False, description="count GPU-less tasks in the mix")
     max_states: int = Field(200_000, ge=1000, description="memo size before it is reset")
     score: Literal["exact", "paper"] = Field(
@@ -67,6 +70,18 @@ def typical_mix(shapes: Iterable[TaskShape], popularity_pct: float = 60.0, step:
             covered += w
     return [TaskShape(w / covered, s.gpu, s.gpu_memory_mib, s.gpu_compute_pct, s.cpu_milli,
                       s.memory_mib, s.gpu_models) for s, w in kept]
+
+
+def live_mix(shapes: list[TaskShape], step: float) -> list[TaskShape]:
+    """The mix of the jobs pending and running now, its shares rounded to ``step``: it
+    then stays the same object of comparison while jobs come and go (a new mix starts
+    the fragmentation memo and every kept placement score over), and a type below half
+    a step is dropped. Unchanged when rounding would drop every type."""
+    if step <= 0:
+        return shapes
+    out = [replace(s, weight=round(s.weight / step) * step) for s in shapes]
+    out = [s for s in out if s.weight > 0]
+    return out or shapes
 
 
 def task_shapes(tasks: Iterable[tuple[TaskRequest, tuple[str, ...], int]]) -> list[TaskShape]:
@@ -135,8 +150,8 @@ class Fgd(Plugin):
     def _mix(self, cycle: Cycle) -> tuple[_Type, ...]:
         shapes: list[TaskShape] = list(cycle.snapshot.task_mix)
         if not shapes:
-            shapes = typical_mix(self._count_tasks(cycle), self.args.popularity_pct, self.args.step,
-                                 self.args.include_cpu_tasks)
+            shapes = live_mix(typical_mix(self._count_tasks(cycle), self.args.popularity_pct, self.args.step,
+                                          self.args.include_cpu_tasks), self.args.mix_step)
         models = cycle.table.models
         out = []
         for s in shapes:

@@ -191,7 +191,7 @@ def expected_left(est: FloatArray, done: FloatArray, unknown_s: float, overrun: 
     known = ~np.isnan(est)
     ahead = known & (done < est)
     past = np.where(known, overrun * done, np.maximum(done, unknown_s - done))
-    return np.where(ahead, np.nan_to_num(est) - done, np.maximum(past, 1.0))
+    return np.where(ahead, np.where(known, est, 0.0) - done, np.maximum(past, 1.0))
 
 
 @register
@@ -221,10 +221,12 @@ class Srpt(Plugin):
         if not a.preempt or not cycle.running or info.starved or info.job.runtime_estimate_s is None:
             # only for work known to be short; a starved job goes first and gets a reservation
             return []
-        rt = cycle.runs()
-        done = (cycle.now - rt.start) + np.where(rt.gpus > 0, rt.attained / np.maximum(rt.gpus, 1e-9), 0.0)
-        theirs = self._service(expected_left(np.where(np.isinf(rt.estimate), np.nan, rt.estimate), done,
-                                             a.unknown_s, a.overrun), rt.gpus)
+        theirs = cycle.extra.get("srpt.theirs")
+        if theirs is None:  # the running jobs' expected service left: the same for every preemptor
+            rt = cycle.runs()
+            done = (cycle.now - rt.start) + np.where(rt.gpus > 0, rt.attained / np.maximum(rt.gpus, 1e-9), 0.0)
+            theirs = cycle.extra["srpt.theirs"] = self._service(expected_left(
+                np.where(np.isinf(rt.estimate), np.nan, rt.estimate), done, a.unknown_s, a.overrun), rt.gpus)
         est = np.array([np.nan if info.job.runtime_estimate_s is None else info.job.runtime_estimate_s])
         mine_done = np.array([info.job.attained_service_s / info.gpus if info.gpus else 0.0])
         mine = float(self._service(expected_left(est, mine_done, a.unknown_s, a.overrun),
@@ -233,7 +235,7 @@ class Srpt(Plugin):
         if cycle.starvation_bound_s is not None:
             # a job that starved before it started is not stopped for shorter work: it would
             # queue again, starve again and go first again, round and round
-            ok &= rt.waited < cycle.starvation_bound_s
+            ok &= cycle.runs().waited < cycle.starvation_bound_s
         return [(ok, PreemptReason.SRTF)]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from scheduling import PendingReason, Scheduler, Snapshot, first_fit
@@ -54,8 +56,12 @@ def test_snapshot_positional_constructor_and_first_fit_still_work() -> None:
     plan = first_fit(snap)
     assert [b.task_id for b in plan.binds] == ["w-0", "w-1"]
     assert plan.pending == {"b": PendingReason.NO_FIT}
-    # the default preset starts the smaller expected work first (srpt): then a's gang cannot fit
-    assert Scheduler().schedule(snap).pending == {"a": PendingReason.GANG_INCOMPLETE}
+    # the default preset starts the shortest expected run time first (srpt by time); with
+    # no estimates the two tie and go in snapshot order: a's gang fills the node
+    assert Scheduler().schedule(snap).pending == {"b": PendingReason.NO_FIT}
+    # with b known to be short, b goes first and a's gang cannot fit
+    short = replace(snap, pending=(snap.pending[0], replace(snap.pending[1], runtime_estimate_s=60.0)))
+    assert Scheduler().schedule(short).pending == {"a": PendingReason.GANG_INCOMPLETE}
 
 
 def test_allocations_on_nodes_gone_from_the_inventory_are_ignored() -> None:

@@ -256,12 +256,11 @@ def test_bulk_settling_gives_the_plan_of_one_by_one(snap, cfg, copies) -> None:
                     for k in range(copies) for j in snap.pending)
     snap = replace(snap, pending=pending)
     bulk = Scheduler(CONFIGS[cfg]).schedule(snap)
-    original = core._Run._settle_rest
-    core._Run._settle_rest = lambda self, ordered, start: False  # type: ignore[method-assign]
+    core._Run.bulk = False
     try:
         one_by_one = Scheduler(CONFIGS[cfg]).schedule(snap)
     finally:
-        core._Run._settle_rest = original  # type: ignore[method-assign]
+        core._Run.bulk = True
     assert bulk == one_by_one
 
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from scheduling import Scheduler, TaskShape
-from scheduling.plugins.fgd import fragmentation, typical_mix
+from scheduling.plugins.fgd import fragmentation, live_mix, typical_mix
 from tests.scheduling.builders import World, bound, cluster, config, job, node
 
 SHARE = ("gang", "priority", "binpack")
@@ -85,3 +85,34 @@ def test_typical_mix_keeps_the_popular_types() -> None:
     assert [(s.gpu, s.gpu_compute_pct) for s in mix] == [(1, 0), (0, 50)]
     assert sum(s.weight for s in mix) == pytest.approx(1.0)
     assert len(typical_mix(shapes, popularity_pct=60, step=10)) == 10
+
+
+def test_the_live_mix_is_rounded_so_that_jobs_coming_and_going_keep_it() -> None:
+    """Without Snapshot.task_mix the mix is the pending and running jobs': its shares
+    are rounded (a new mix restarts the fragmentation memo and the kept scores)."""
+    def mix_of(n_whole: int, n_half: int) -> list[TaskShape]:
+        return live_mix(typical_mix([TaskShape(n_whole, gpu=1), TaskShape(n_half, gpu_compute_pct=50)],
+                                    popularity_pct=100), 0.05)
+
+    assert mix_of(700, 300) == mix_of(701, 300) == mix_of(690, 310)  # 70/30 stays 70/30
+    assert [round(s.weight, 9) for s in mix_of(700, 300)] == [0.7, 0.3]
+    assert mix_of(600, 400) != mix_of(700, 300)
+    assert [s.gpu for s in mix_of(990, 10)] == [1]  # a 1% type is dropped
+    one = [TaskShape(0.01, gpu=1)]
+    assert live_mix(one, 0.05) == one  # rounding would drop every type: kept as it is
+    assert live_mix(one, 0.0) == one
+
+
+def test_fgd_scores_survive_a_small_change_of_the_live_mix() -> None:
+    from scheduling import SchedulerConfig, Snapshot
+
+    sched = Scheduler(SchedulerConfig.preset("fgd"))
+    fgd = next(p for p in sched.plugins if p.name == "fgd")
+    nodes = cluster(2)
+    pending = (*(job(f"w{k}").gpus(1).submit(k).build() for k in range(28)),
+               *(job(f"s{k}").share(compute_pct=50).submit(k).build() for k in range(12)))
+    sched.schedule(Snapshot(0.0, nodes, (), pending))
+    mix, memo = fgd.mix, fgd.frag_memo
+    assert len(mix) == 2 and memo  # 70 / 30, and fragmentation computed for the nodes seen
+    sched.schedule(Snapshot(0.0, nodes, (), pending[1:]))  # 27 / 12 is still 70 / 30
+    assert fgd.mix == mix and fgd.frag_memo is memo

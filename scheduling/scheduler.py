@@ -324,8 +324,8 @@ class _Run:
         self.masks_dirty = True
         self.any_hard = self.any_soft = False
         self.both = self.hard
-        self.preempt_budget = sched.config.preemption.max_preemptors_per_cycle if (
-            sched.config.preemption.enabled) else 0
+        pre = sched.config.preemption
+        self.preempt_budget = pre.max_preemptors_per_cycle if pre.enabled else 0
         self.admit_hooks = sched.hooks["admit"]
         self.memo_grew = False  # this job added to the failure / no-victims memos or used a try
         self.arrays: tuple[np.ndarray, ...] | None = None  # per ordered job, for _resolved
@@ -409,7 +409,7 @@ class _Run:
             # a failed attempt is remembered per shape, priority and tenant: victims only
             # get scarcer during the cycle, so the same ask would fail again
             pkey = (info.shape, info.static_priority, info.job.tenant, soft)
-            if self.preempt_budget > 0 and pkey not in self.no_victims:
+            if self.may_preempt and pkey not in self.no_victims:
                 if self._preempt(info, block):
                     return PendingReason.PREEMPTING
                 self.no_victims.add(pkey)
@@ -432,8 +432,11 @@ class _Run:
         when the rest is settled). The same plan as one by one, far cheaper with
         thousands of jobs waiting on a full cluster: admission (quotas) is asked of each
         skipped job in order, and cannot change while nothing starts."""
-        if self.masks_dirty:
-            self._block_for(ordered[start])
+        _, soft = self._block_for(ordered[start])
+        info = ordered[start]
+        reason = self.failed.get((info.shape, soft))
+        if reason is None or (reason in _CAPACITY and not self._settled(info, soft)):
+            return start  # the next job is to be tried anyway: no need to look further
         if self.memo_grew or self.resolved is None or self.resolved_soft != (self.any_soft, self.shadow):
             self.resolved = self._resolved(ordered)
             self.resolved_soft = (self.any_soft, self.shadow)
@@ -499,7 +502,7 @@ class _Run:
         if cap.any():
             if not (self.s.backfill is None or self.reserve_tries >= self.s.backfill.depth):
                 ok &= ~cap  # the head's reservation is still to be tried
-            elif self.preempt_budget > 0:
+            elif self.may_preempt:
                 pcodes = pshape * 2 + soft
                 for k in np.unique(pcodes[cap & ok]).tolist():
                     j = int(np.flatnonzero(cap & (pcodes == k))[0])
@@ -510,7 +513,7 @@ class _Run:
 
     def _settled(self, info: JobInfo, soft: bool) -> bool:
         """Neither a preemption nor a reservation would be tried for this job."""
-        if self.preempt_budget > 0 and (info.shape, info.static_priority, info.job.tenant, soft) not in self.no_victims:
+        if self.may_preempt and (info.shape, info.static_priority, info.job.tenant, soft) not in self.no_victims:
             return False
         return self.s.backfill is None or self.reserve_tries >= self.s.backfill.depth
 
@@ -569,6 +572,12 @@ class _Run:
                         self.gone[k] = True
             self.future = f
         return self.future
+
+    @property
+    def may_preempt(self) -> bool:
+        """Blocked jobs may still look for victims this cycle (found or not, a search
+        counts: one that finds none costs as much)."""
+        return self.preempt_budget > 0
 
     def _preempt(self, info: JobInfo, block: BoolArray | None) -> bool:
         self.preempt_budget -= 1

@@ -19,6 +19,7 @@ import numpy.typing as npt
 from scheduling.model import Allocation, GpuUse, Node
 
 MAX_STATES = 1_000_000  # interned node states kept before the table starts over
+PARTS_KEPT = 1 << 16  # allocations whose parts a node table keeps before it starts over
 FEW_ROWS = 8  # state ids of up to this many nodes are computed row by row, more in bulk
 
 BoolArray = npt.NDArray[np.bool_]
@@ -37,6 +38,8 @@ class NodeTable:
 
     def __init__(self, nodes: Sequence[Node]) -> None:
         self.src = nodes  # the caller's object, to know when to rebuild
+        self._parts: dict[int, tuple[Allocation, tuple[int, int, int, list[int], list[int], list[int],
+                                                        list[int]] | None]] = {}
         self.nodes = tuple(nodes)
         n = len(self.nodes)
         g = max((len(x.gpus) for x in self.nodes), default=0) or 1
@@ -116,6 +119,46 @@ class NodeTable:
         return m
 
 
+    def parts(self, a: Allocation) -> tuple[int, int, int, list[int], list[int], list[int], list[int]] | None:
+        """What an allocation takes, as ``ClusterState.apply`` adds it up: node index,
+        CPU, memory, and per GPU its column, memory, compute and MIG slices (None: the
+        node is not in the inventory). Kept per allocation object: the reservation
+        search applies the same running jobs' allocations again and again."""
+        hit = self._parts.get(id(a))
+        if hit is not None and hit[0] is a:
+            return hit[1]
+        i = self.index.get(a.node_id)
+        out = None
+        if i is not None:
+            cols = self.col_of[i]
+            g_cols: list[int] = []
+            g_mem: list[int] = []
+            g_cmp: list[int] = []
+            g_mig: list[int] = []
+            for u in a.gpus:
+                j = cols.get(u.index)
+                if j is None:
+                    continue
+                g_cols.append(j)
+                if u.mig_slices:
+                    g_mem.append(0)
+                    g_cmp.append(0)
+                    g_mig.append(u.mig_slices)
+                elif u.whole:
+                    g_mem.append(int(self.gmem_total[i, j]))
+                    g_cmp.append(100)
+                    g_mig.append(0)
+                else:
+                    g_mem.append(u.memory_mib)
+                    g_cmp.append(u.compute_pct)
+                    g_mig.append(0)
+            out = (i, a.cpu_milli, a.memory_mib, g_cols, g_mem, g_cmp, g_mig)
+        if len(self._parts) >= PARTS_KEPT:
+            self._parts.clear()  # allocations come and go: start over rather than grow
+        self._parts[id(a)] = (a, out)  # holds the object, so its id is not reused meanwhile
+        return out
+
+
 @dataclass(slots=True)
 class _Change:
     node: int
@@ -167,7 +210,6 @@ class ClusterState:
     # --- bulk load ----------------------------------------------------------------
     def apply(self, allocations: Iterable[Allocation], sign: int = 1) -> None:
         """Subtract (sign 1) or give back (sign -1) many allocations, vectorised."""
-        t = self.t
         rows: list[int] = []
         cpus: list[int] = []
         mems: list[int] = []
@@ -176,33 +218,21 @@ class ClusterState:
         g_mem: list[int] = []
         g_cmp: list[int] = []
         g_mig: list[int] = []
-        index = t.index
+        parts = self.t.parts
         for a in allocations:
-            i = index.get(a.node_id)
-            if i is None:
+            p = parts(a)
+            if p is None:
                 continue  # node gone from the inventory: nothing to account
+            i, cpu, mem, cols, p_mem, p_cmp, p_mig = p
             rows.append(i)
-            cpus.append(a.cpu_milli)
-            mems.append(a.memory_mib)
-            cols = t.col_of[i]
-            for u in a.gpus:
-                j = cols.get(u.index)
-                if j is None:
-                    continue
-                g_rows.append(i)
-                g_cols.append(j)
-                if u.mig_slices:
-                    g_mem.append(0)
-                    g_cmp.append(0)
-                    g_mig.append(u.mig_slices)
-                elif u.whole:
-                    g_mem.append(int(t.gmem_total[i, j]))
-                    g_cmp.append(100)
-                    g_mig.append(0)
-                else:
-                    g_mem.append(u.memory_mib)
-                    g_cmp.append(u.compute_pct)
-                    g_mig.append(0)
+            cpus.append(cpu)
+            mems.append(mem)
+            if cols:
+                g_rows += [i] * len(cols)
+                g_cols += cols
+                g_mem += p_mem
+                g_cmp += p_cmp
+                g_mig += p_mig
         if not rows:
             return
         r = np.asarray(rows)

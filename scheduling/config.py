@@ -63,7 +63,10 @@ DEFAULT_PLUGINS: tuple[PluginSpec, ...] = (
     _spec("kairos", 2.0),
     _spec("loadaware", 0.5),
     _spec("locality", 0.5),
-    _spec("backfill"),
+    # the head job's reservation is searched again every 30 minutes, or once its start
+    # has passed (Slurm's bf_interval): a free GPU still goes to it at once, only what
+    # may backfill waits for the next search (the whole search was a fifth of a cycle)
+    _spec("backfill", interval_s=1800.0),
     _spec("elastic"),
 )
 

@@ -32,6 +32,7 @@ from scheduling.model import (
     PendingReason,
     Plan,
     Preemption,
+    Reservation,
     Resize,
     ResizeReason,
     Resources,
@@ -107,6 +108,9 @@ class Scheduler:
         self._statics: dict[int, tuple[JobRequest, float, bool]] = {}  # running job -> static priority, elastic
         self._cols = jc.JobColumns()
         self._scores = ScoreMemo()  # placement scores by node state, kept across cycles
+        self._fruitless: set[tuple[object, ...]] = set()  # victim searches that found nothing last cycle
+        # reservations and when they were searched (backfill.interval_s): job, time, reservation
+        self._reservations: dict[str, tuple[JobRequest, float, Reservation]] = {}
 
     # --- public API --------------------------------------------------------------------
     def schedule(self, snapshot: Snapshot) -> Plan:
@@ -326,6 +330,9 @@ class _Run:
         self.both = self.hard
         pre = sched.config.preemption
         self.preempt_budget = pre.max_preemptors_per_cycle if pre.enabled else 0
+        self.backoff = sched._fruitless  # asks whose victim search found nothing last cycle
+        self.fruitless: set[tuple[object, ...]] = set()  # ... and this cycle
+        self.kept: dict[str, tuple[JobRequest, float, Reservation]] = {}  # reservations kept (backfill.interval_s)
         self.admit_hooks = sched.hooks["admit"]
         self.memo_grew = False  # this job added to the failure / no-victims memos or used a try
         self.arrays: tuple[np.ndarray, ...] | None = None  # per ordered job, for _resolved
@@ -360,6 +367,8 @@ class _Run:
                     break
             if self.bulk and pos < n:
                 pos = self._skip(ordered, pos)
+        self.s._fruitless = self.fruitless
+        self.s._reservations = self.kept  # only those of jobs still waiting for one
         if self.s.elastic is not None and self.s.elastic.grow:
             self._grow()
         if cycle.table.cordoned.any():
@@ -410,9 +419,16 @@ class _Run:
             # get scarcer during the cycle, so the same ask would fail again
             pkey = (info.shape, info.static_priority, info.job.tenant, soft)
             if self.may_preempt and pkey not in self.no_victims:
-                if self._preempt(info, block):
+                if pkey in self.backoff:
+                    # found no victims last cycle: it sits this one out, and the budget
+                    # goes to jobs behind it (else the same few blocked jobs at the head
+                    # would spend it every cycle and nobody behind them would ever look)
+                    self.no_victims.add(pkey)
+                elif self._preempt(info, block):
                     return PendingReason.PREEMPTING
-                self.no_victims.add(pkey)
+                else:
+                    self.no_victims.add(pkey)
+                    self.fruitless.add(pkey)
                 self.memo_grew = True
             if self.s.backfill is not None and self.reserve_tries < self.s.backfill.depth:
                 self.reserve_tries += 1  # EASY: only the head job(s), found or not
@@ -629,6 +645,28 @@ class _Run:
 
     # --- backfill ---------------------------------------------------------------------------
     def _reserve(self, info: JobInfo) -> None:
+        bf = self.s.backfill
+        assert bf is not None
+        now, job = self.cycle.now, info.job
+        kept = self.s._reservations.get(job.job_id)
+        idx = self.cycle.table.index
+        if (kept is not None and kept[0] is job and now - kept[1] < bf.interval_s and kept[2].start_time > now
+                and all(n in idx for n in kept[2].node_ids)):
+            res: Reservation | None = kept[2]  # recent, and its start is still ahead: kept
+            self.kept[job.job_id] = kept
+        else:
+            res = self._search_reservation(info)
+            if res is not None and bf.interval_s > 0:
+                self.kept[job.job_id] = (job, now, res)
+        if res is None:
+            return
+        self.plan.reservations.append(res)
+        self.shadow = min(self.shadow, res.start_time)
+        for nid in res.node_ids:
+            self.soft[idx[nid]] = True
+        self.masks_dirty = True
+
+    def _search_reservation(self, info: JobInfo) -> Reservation | None:
         base = self.future if self.future is not None else self.cycle.state
         victims = self.victims
         running = np.asarray([k for k, r in enumerate(self.cycle.running)
@@ -636,15 +674,7 @@ class _Run:
         if self.future is None and any(r.run.terminating for r in self.cycle.running):
             base = self._future()
         default = self.s.backfill.default_runtime_s if self.s.backfill else None
-        res = reserve(self.placer, base, info, info.min_members, running, default, self.gone)
-        if res is None:
-            return
-        self.plan.reservations.append(res)
-        self.shadow = min(self.shadow, res.start_time)
-        idx = self.cycle.table.index
-        for nid in res.node_ids:
-            self.soft[idx[nid]] = True
-        self.masks_dirty = True
+        return reserve(self.placer, base, info, info.min_members, running, default, self.gone)
 
     # --- phase 4: elastic growth -------------------------------------------------------------
     def _grow(self) -> None:

@@ -26,6 +26,9 @@ class BackfillArgs(BaseModel):
     default_runtime_s: float | None = Field(
         None, gt=0, description="assumed runtime of jobs without an estimate; None: they never end"
     )
+    interval_s: float = Field(0.0, ge=0, description="a job's reservation is kept this long before it "
+                              "is searched again (Slurm's bf_interval), while the job waits and its "
+                              "start is ahead; 0: searched every cycle")
 
 
 @register

@@ -51,3 +51,45 @@ def test_without_backfill_later_jobs_start_greedily() -> None:
     w.start(job("r1").gpus(6).estimate(900), at=0, n1=[0, 1, 2, 3, 4, 5])
     plan = w.submit(job("head").gpus(8).submit(0), job("l").gpus(4).submit(50)).step()
     assert bound(plan) == {"l": ["n0"]}
+
+
+def test_a_reservation_is_kept_for_the_interval_while_its_start_is_ahead(monkeypatch) -> None:
+    """backfill.interval_s (Slurm's bf_interval): the head job's reservation is not
+    searched again within the interval while its start is ahead; after that, or once
+    the start has passed, it is."""
+    from scheduling import scheduler as core
+
+    searches: list[float] = []
+    original = core._Run._search_reservation
+
+    def counting(self, info):  # type: ignore[no-untyped-def]
+        searches.append(self.cycle.now)
+        return original(self, info)
+
+    monkeypatch.setattr(core._Run, "_search_reservation", counting)
+    w = World(cluster(2), Scheduler(config("gang", "priority", "binpack", ("backfill", {"interval_s": 600}))),
+              now=100)
+    w.start(job("r0").gpus(4).estimate(300), at=0, n0=[0, 1, 2, 3])  # expected to end at 300
+    w.start(job("r1").gpus(6).estimate(900), at=0, n1=[0, 1, 2, 3, 4, 5])
+    w.submit(job("head").gpus(8).submit(0))
+    first = w.step().reservations
+    assert [(r.start_time, r.node_ids) for r in first] == [(300, ("n0",))] and searches == [100]
+    assert w.step(100).reservations == first and searches == [100]  # kept: 200 < 300
+    later = w.step(150).reservations  # at 350 the start has passed: searched again
+    assert searches == [100, 350] and later[0].start_time > 350
+    # and the backfill rule still holds with a kept reservation: a short job fits before it
+    w.submit(job("s").gpus(2).estimate(50).submit(360))
+    assert set(bound(w.step(10))) == {"s"} and searches == [100, 350]
+
+
+def test_without_an_interval_the_reservation_is_searched_every_cycle(monkeypatch) -> None:
+    from scheduling import scheduler as core
+
+    calls: list[float] = []
+    original = core._Run._search_reservation
+    monkeypatch.setattr(core._Run, "_search_reservation",
+                        lambda self, info: calls.append(self.cycle.now) or original(self, info))
+    w = world().submit(job("head").gpus(8).submit(0))
+    w.step()
+    w.step(50)
+    assert calls == [100, 150]

@@ -111,3 +111,24 @@ def test_srpt_does_not_preempt_a_job_that_starved_before_it_started() -> None:
         w.start(job("long").gpus(8).estimate(100_000).submit(submitted), at=0, n0=list(range(8)))
         plan = w.submit(job("short").gpus(8).estimate(1_000).submit(5)).step()
         assert [p.job_id for p in plan.preemptions] == preempted
+
+
+def test_the_default_preset_ranks_by_expected_run_time_left() -> None:
+    """Kairos' default: srpt by time (on the whole Philly trace, 64 x 8, 7.08 h average
+    JCT against 7.88 h by GPU-seconds left: a wide job is not put behind every narrow one)."""
+    w = World(cluster(1), Scheduler(), now=50).submit(*SRPT_JOBS)
+    assert [j.job_id for j in w.scheduler.order(w.snapshot())] == ["short", "wide", "overran", "unknown", "long"]
+
+
+def test_a_job_whose_victim_search_found_nothing_sits_out_the_next_cycle() -> None:
+    """The preemption budget goes to the jobs behind a blocked job that found no victims
+    (else the same head jobs would spend it every cycle and nobody behind would look);
+    the cycle after, it searches again."""
+    cfg = config("gang", ("srpt", {"by": "time"}), "binpack", preemption={"max_preemptors_per_cycle": 1})
+    w = World(cluster(2), Scheduler(cfg), now=10)
+    w.start(job("long").gpus(8).estimate(100_000), at=0, n0=list(range(8)))
+    w.start(job("pinned").gpus(8).estimate(100_000).not_preemptible(), at=0, n1=list(range(8)))
+    # the wide job goes first (1,000 s) but cannot get both nodes; the short one could
+    w.submit(job("wide").gpus(8).gang(2).estimate(1_000).submit(0), job("short").gpus(8).estimate(2_000).submit(1))
+    assert w.step().preemptions == []  # wide spent the budget and found nothing
+    assert [p.job_id for p in w.step(10).preemptions] == ["long"]  # wide sits out: short looks

@@ -16,7 +16,7 @@ from sim.traces import MURI, OPENB, PHILLY
 app = typer.Typer(help="Trace-driven simulator: the same scheduling core, replayed over public traces.",
                   no_args_is_help=True)
 
-POLICY_HELP = "FIFO, SJF, Tiresias, DRF, Kairos (repeat the option)"
+POLICY_HELP = "FIFO, SJF-oracle (or SJF), Tiresias, DRF, Kairos (repeat the option)"
 
 
 @app.command()

@@ -14,7 +14,7 @@ import numpy as np
 
 from sim.engine import SimResult, SimSettings, Simulation
 from sim.metrics import series, summarize
-from sim.policies import POLICIES, policy_config, policy_settings
+from sim.policies import ALIASES, POLICIES, policy_config, policy_settings
 from sim.progress import progress
 from sim.traces import TraceJob, uniform_cluster
 
@@ -39,6 +39,7 @@ def run(name: str, jobs: Sequence[TraceJob], clusters: Sequence[tuple[int, int]]
         base: SimSettings, policies: Sequence[str] = POLICIES, note: str = "", workers: int = 1) -> dict[str, Any]:
     """Every policy on every cluster; ``workers`` > 1 runs that many at once in separate
     processes (each run is single-threaded; wall_s is then measured under that load)."""
+    policies = [ALIASES.get(p, p) for p in policies]
     keys = [f"{n}x{g}" for n, g in clusters]
     doc: dict[str, Any] = {k: {} for k in keys}
     runs: dict[str, dict[str, SimResult]] = {k: {} for k in keys}
@@ -74,7 +75,7 @@ def run(name: str, jobs: Sequence[TraceJob], clusters: Sequence[tuple[int, int]]
                     bar.advance(task)
     doc = {k: {p: doc[k][p] for p in policies} for k in keys}  # the table in policy order
     doc["protocol"] = {"trace": name, "jobs": len(jobs), "note": note, "rules": base.rules(),
-                       "policies": {"FIFO": "fifo preset", "SJF": "sjf preset, oracle durations (a bound)",
+                       "policies": {"FIFO": "fifo preset", "SJF-oracle": "sjf preset, oracle durations (a bound)",
                                     "Tiresias": "tiresias preset (2D-LAS, preemptive)", "DRF": "drf preset",
                                     "Kairos": "default preset; estimates from finished jobs' history only"},
                        "cluster": "N nodes x G GPUs, 4 cores and 32 GiB per GPU; jobs > 8 GPUs are gangs of 8-GPU tasks"}

@@ -12,19 +12,21 @@ from dataclasses import replace
 from scheduling import SchedulerConfig
 from sim.engine import Estimates, SimSettings
 
-POLICIES = ("FIFO", "SJF", "Tiresias", "DRF", "Kairos")
-PRESET = {"FIFO": "fifo", "SJF": "sjf", "Tiresias": "tiresias", "DRF": "drf", "Kairos": "default"}
-ESTIMATES: dict[str, Estimates] = {"SJF": "oracle", "Kairos": "history"}
+POLICIES = ("FIFO", "SJF-oracle", "Tiresias", "DRF", "Kairos")
+PRESET = {"FIFO": "fifo", "SJF-oracle": "sjf", "Tiresias": "tiresias", "DRF": "drf", "Kairos": "default"}
+ESTIMATES: dict[str, Estimates] = {"SJF-oracle": "oracle", "Kairos": "history"}
+ALIASES = {"SJF": "SJF-oracle"}  # what the command line also takes
 
 
 # FIFO and SJF never name victims: preemption off only saves the core a search.
-NON_PREEMPTIVE = ("FIFO", "SJF")
+NON_PREEMPTIVE = ("FIFO", "SJF-oracle")
 # Tiresias re-ranks running jobs as their attained service crosses a threshold: it needs
 # cycles between events. The others' decisions change only at events.
 TICKED = ("Tiresias",)
 
 
 def policy_config(policy: str) -> SchedulerConfig:
+    policy = ALIASES.get(policy, policy)
     if policy in NON_PREEMPTIVE:
         return SchedulerConfig.preset(PRESET[policy], preemption={"enabled": False})
     return SchedulerConfig.preset(PRESET.get(policy, policy))
@@ -33,6 +35,7 @@ def policy_config(policy: str) -> SchedulerConfig:
 def policy_settings(policy: str, base: SimSettings) -> SimSettings:
     """Estimates the policy may use; idle cycles skipped and no re-ranking ticks for the
     non-preemptive ones (nothing changes for them between events)."""
+    policy = ALIASES.get(policy, policy)
     np_ = policy in NON_PREEMPTIVE
     return replace(base, estimates=ESTIMATES.get(policy, "none"), skip_idle_cycles=np_,
                    tick_s=base.tick_s if policy in TICKED else 0.0)

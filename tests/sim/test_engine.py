@@ -46,7 +46,7 @@ HAND = [TraceJob("a", 0.0, 100.0, 1), TraceJob("b", 10.0, 50.0, 1), TraceJob("c"
 
 @pytest.mark.parametrize(("policy", "expected"), [
     ("FIFO", {"a": 100.0, "b": 140.0, "c": 140.0}),  # a 0-100, b 100-150, c 150-160
-    ("SJF", {"a": 100.0, "b": 150.0, "c": 90.0}),  # oracle: c (10 s) before b: c 100-110, b 110-160
+    ("SJF-oracle", {"a": 100.0, "b": 150.0, "c": 90.0}),  # oracle: c (10 s) before b: c 100-110, b 110-160
     ("DRF", {"a": 100.0, "b": 140.0, "c": 140.0}),  # one tenant: FIFO
     ("Kairos", {"a": 100.0, "b": 140.0, "c": 140.0}),  # no history yet when b and c arrive: equal, FIFO
 ])

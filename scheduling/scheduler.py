@@ -673,8 +673,9 @@ class _Run:
                               if not r.run.terminating and r.job.job_id not in victims], dtype=np.int64)
         if self.future is None and any(r.run.terminating for r in self.cycle.running):
             base = self._future()
-        default = self.s.backfill.default_runtime_s if self.s.backfill else None
-        return reserve(self.placer, base, info, info.min_members, running, default, self.gone)
+        assert self.s.backfill is not None
+        return reserve(self.placer, base, info, info.min_members, running, self.s.backfill.default_runtime_s,
+                       self.gone)
 
     # --- phase 4: elastic growth -------------------------------------------------------------
     def _grow(self) -> None:

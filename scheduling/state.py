@@ -118,7 +118,6 @@ class NodeTable:
             self.mask_cache[key] = m
         return m
 
-
     def parts(self, a: Allocation) -> tuple[int, int, int, list[int], list[int], list[int], list[int]] | None:
         """What an allocation takes, as ``ClusterState.apply`` adds it up: node index,
         CPU, memory, and per GPU its column, memory, compute and MIG slices (None: the

@@ -17,6 +17,7 @@ from scheduling.state import BoolArray, ClusterState, FloatArray, IntArray
 
 _NEG = -np.inf
 _WHOLE: dict[int, GpuUse] = {}
+EPOCHS_KEPT = 16  # score epochs whose arrays are kept besides the current one
 
 
 def _whole(index: int) -> GpuUse:
@@ -31,15 +32,30 @@ def _whole(index: int) -> GpuUse:
 class ScoreMemo:
     """Weighted scores by node state (``ClusterState.state_ids``), one array per key:
     kept across cycles while the table's interning of states and every per-state
-    plugin's ``score_epoch`` stay the same (an epoch of None: this cycle only)."""
+    plugin's ``score_epoch`` stay the same (an epoch of None: this cycle only). The
+    arrays of the last few epochs are kept too: an epoch that comes back (FGD's live
+    workload mix returning to an earlier value) resumes its scores."""
 
     states: object = None
     epoch: tuple[Hashable | None, ...] = ()
     arrays: dict[tuple[object, ...], FloatArray] = field(default_factory=dict)
+    stash: dict[tuple[Hashable | None, ...], dict[tuple[object, ...], FloatArray]] = field(default_factory=dict)
 
     def check(self, states: object, epoch: tuple[Hashable | None, ...]) -> None:
-        if self.states is not states or self.epoch != epoch or None in epoch:
-            self.states, self.epoch, self.arrays = states, epoch, {}
+        if self.states is not states or None in epoch:
+            self.restart(states)
+            self.epoch = epoch
+        elif self.epoch != epoch:
+            if None not in self.epoch:
+                self.stash[self.epoch] = self.arrays
+            self.arrays = self.stash.pop(epoch, {})
+            while len(self.stash) > EPOCHS_KEPT:
+                del self.stash[next(iter(self.stash))]  # the least recently left
+            self.epoch = epoch
+
+    def restart(self, states: object) -> None:
+        """A new interning of node states: nothing kept holds."""
+        self.states, self.arrays, self.stash = states, {}, {}
 
 
 class Placer:
@@ -212,7 +228,7 @@ class Placer:
         fit, with ``fit``), memoised by node state (``sid``, the rows' ids) in the
         ``ScoreMemo``, which outlives the cycle while the epochs hold."""
         if self._memo.states is not self.table.states:  # the interning started over mid-cycle
-            self._memo.states, self._memo.arrays = self.table.states, {}
+            self._memo.restart(self.table.states)
         memos = self._memo.arrays
         memo = memos.get(key)
         top = int(sid.max()) + 1 if sid.size else 0

@@ -65,6 +65,12 @@ class VictimIndex:
         self.gone: BoolArray = np.zeros(a_n, dtype=bool)
         self.taken: BoolArray = np.zeros(len(cycle.running), dtype=bool)
         self.rt = cycle.runs()
+        # allocations of no known running job index one padding slot (never a victim), so
+        # the lookups in ``candidates`` also hold when the snapshot lists no running jobs
+        n_run = len(cycle.running)
+        self._run_padded: IntArray = np.where(self.run >= 0, self.run, n_run)
+        self._has_run: BoolArray = (self.run >= 0) & (self.node >= 0)  # allocations on unknown nodes: ignored
+        self._static_padded: FloatArray = np.append(self.rt.static, np.inf)
         # elastic replicas above their minimum, highest replica index first
         self.excess: BoolArray = np.zeros(a_n, dtype=bool)
         self.replica: IntArray = np.zeros(a_n, dtype=np.int64)
@@ -80,6 +86,7 @@ class VictimIndex:
                     for rep, k in mine[: max(0, len(mine) - t.least_replicas)]:
                         self.excess[k] = True
                         self.replica[k] = rep
+        self.any_excess = bool(self.excess.any())
 
     def mark_gone(self, ks: list[int] | IntArray) -> None:
         self.gone[ks] = True
@@ -97,21 +104,18 @@ class VictimIndex:
                 reason_of[new] = len(reasons)
                 reasons.append(why)
                 elig |= mask
-        elig &= ~self.rt.protected & ~self.taken
-        has_run = (self.run >= 0) & (self.node >= 0)  # ignore allocations on unknown nodes
-        # allocations of no known running job index one padding slot (never a victim), so
-        # the lookups below also hold when the snapshot lists no running jobs at all
-        run = np.where(self.run >= 0, self.run, n_run)
-
-        def padded(a: BoolArray, fill: bool) -> BoolArray:
-            return np.append(a, fill)
-
-        whole = has_run & padded(elig, False)[run] & ~self.gone
-        static = np.append(self.rt.static, np.inf)
-        shrink = (self.excess & ~self.gone & has_run & ~padded(self.rt.protected, True)[run]
-                  & ~padded(self.taken, True)[run] & (static[run] <= info.static_priority))
         self._reason_of = reason_of
         self._reasons = reasons
+        run = self._run_padded
+        if reasons:
+            elig &= ~self.rt.protected & ~self.taken
+            whole = self._has_run & np.append(elig, False)[run] & ~self.gone
+        else:
+            whole = np.zeros(len(run), dtype=bool)
+        if not self.any_excess:  # no elastic replica above its minimum: nothing to shrink
+            return whole, np.zeros(len(run), dtype=bool)
+        shrink = (self.excess & ~self.gone & self._has_run & ~np.append(self.rt.protected | self.taken, True)[run]
+                  & (self._static_padded[run] <= info.static_priority))
         return whole, shrink
 
     def units_on(self, i: int, whole: BoolArray, shrink: BoolArray) -> list[Unit]:

@@ -17,7 +17,8 @@ import gc
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from operator import itemgetter
+from itertools import repeat
+from operator import attrgetter, itemgetter
 
 import numpy as np
 
@@ -46,6 +47,7 @@ from scheduling.state import BoolArray, ClusterState, NodeTable
 
 HOOKS = ("order_keys", "admit", "node_mask", "task_mask", "score", "victims", "min_members", "pick")
 _INFO, _ROW = itemgetter(1), itemgetter(2)  # of a kept (job, info, row)
+_JOB_ID = attrgetter("job_id")
 STARVED_RESERVATIONS = 16  # starved jobs beyond the EASY head that get a reservation per cycle
 _CAPACITY = (PendingReason.NO_FIT, PendingReason.GANG_INCOMPLETE, PendingReason.AFFINITY,
              PendingReason.GPU_MODEL)
@@ -105,7 +107,7 @@ class Scheduler:
         self._meta: dict[int, tuple[int, float, int, int]] = {}  # id(allocation) -> node index, GPUs, CPU, memory
         self._infos: dict[int, tuple[JobRequest, JobInfo, int]] = {}  # id(job) -> job, info, row
         self._shapes: dict[tuple[object, ...], int] = {}  # job shapes, interned for the fit memo
-        self._statics: dict[int, tuple[JobRequest, float, bool]] = {}  # running job -> static priority, elastic
+        self._running: dict[int, RunningInfo] = {}  # id(running job) -> its RunningInfo, kept
         self._cols = jc.JobColumns()
         self._scores = ScoreMemo()  # placement scores by node state, kept across cycles
         self._fruitless: set[tuple[object, ...]] = set()  # victim searches that found nothing last cycle
@@ -153,25 +155,27 @@ class Scheduler:
         usable = table.schedulable[:, None] & table.share_ok
         cycle.capacity = Resources(float(usable.sum()), float(table.cpu_total[table.schedulable].sum()),
                                    float(table.mem_total[table.schedulable].sum()))
+        # running jobs: a RunningInfo kept per RunningJob object (static priority, elastic,
+        # last cycle's demand), its allocations' positions refreshed every cycle
         runs: list[RunningInfo] = []
         run_index: dict[str, int] = {}
-        statics, self._statics = self._statics, {}
+        kept, self._running = self._running, {}
         for r in snapshot.running:
-            hit = statics.get(id(r.job))
-            if hit is None or hit[0] is not r.job:
-                hit = (r.job, cycle.priority_of(r.job), any(t.elastic for t in r.job.tasks))
-            self._statics[id(r.job)] = hit
-            info = RunningInfo(r, [], 0.0, _NOTHING, hit[1], hit[2])
-            if r.job.job_id in run_index:  # listed twice: the later entry wins, as a dict would
-                runs[run_index[r.job.job_id]] = info
+            ri = kept.get(id(r))
+            if ri is None or ri.run is not r:
+                ri = RunningInfo(r, [], 0.0, _NOTHING, cycle.priority_of(r.job), any(t.elastic for t in r.job.tasks))
+            self._running[id(r)] = ri
+            jid = r.job.job_id
+            if jid in run_index:  # listed twice: the later entry wins, as a dict would
+                runs[run_index[jid]] = ri
             else:
-                run_index[r.job.job_id] = len(runs)
-                runs.append(info)
+                run_index[jid] = len(runs)
+                runs.append(ri)
         allocs = snapshot.allocations
         meta = self._meta
         m = np.array(list(map(meta.__getitem__, map(id, allocs))), dtype=float).reshape(len(allocs), 4)
         cycle.alloc_node, cycle.alloc_gpu = m[:, 0].astype(np.int64), m[:, 1].copy()
-        owner = np.array([run_index.get(a.job_id, -1) for a in allocs], dtype=np.int64)
+        owner = np.fromiter(map(run_index.get, map(_JOB_ID, allocs), repeat(-1)), dtype=np.int64, count=len(allocs))
         # each running job's allocations (positions, in snapshot order) and demand
         mine = np.flatnonzero(owner >= 0)
         by_run = mine[np.argsort(owner[mine], kind="stable")]
@@ -184,8 +188,10 @@ class Scheduler:
         for ri, hi, d in zip(runs, bounds, demand.tolist(), strict=True):
             ri.allocs = pos[lo:hi]
             lo = hi
-            ri.gpus = d[0]
-            ri.demand = Resources(d[0], d[1], d[2])
+            was = ri.demand
+            if ri.gpus != d[0] or was.cpu_milli != d[1] or was.memory_mib != d[2]:  # else the same Resources
+                ri.gpus = d[0]
+                ri.demand = Resources(d[0], d[1], d[2])
         cycle.running = [r for r in runs if r.allocs]
         # each allocation's running job, as a position in cycle.running (-1: none)
         at = np.cumsum(counts > 0) - 1 if len(runs) else np.zeros(1, dtype=np.int64)
@@ -495,36 +501,43 @@ class _Run:
         """Per ordered job: whether it is settled by this cycle's memos (see ``_skip``),
         whether it then holds the line (starved, out of room, admitted), its memo code;
         and the reason of each code."""
-        if self.arrays is None:
+        if self.arrays is None:  # the jobs' shapes are fixed for the cycle: grouped once
             c, order = self.cycle.cols, self.cycle.order
             st = self.cycle.job_starved
-            self.arrays = (c[jc.SHAPE][order].astype(np.int64), c[jc.PSHAPE][order].astype(np.int64),
-                           c[jc.ESTIMATE][order],
+            shapes, inverse = np.unique(c[jc.SHAPE][order].astype(np.int64), return_inverse=True)
+            _, pfirst, pinverse = np.unique(c[jc.PSHAPE][order].astype(np.int64), return_index=True,
+                                            return_inverse=True)
+            self.arrays = (shapes, inverse.reshape(-1), pfirst, pinverse.reshape(-1), c[jc.ESTIMATE][order],
                            st[order] if st is not None else np.zeros(len(order), dtype=bool))
-        shape, pshape, est, starved = self.arrays
-        soft = ~(est + self.cycle.now <= self.shadow) if self.any_soft else np.zeros(len(shape), dtype=bool)
-        codes = shape * 2 + soft
-        keys = np.unique(codes)
+        shapes, inverse, pfirst, pinverse, est, starved = self.arrays
+        soft = ~(est + self.cycle.now <= self.shadow) if self.any_soft else np.zeros(len(est), dtype=bool)
+        sides = soft.astype(np.int64)
+        codes = shapes[inverse] * 2 + sides
+        # the failure memo's verdict on each (shape, soft): looked up once per group
         reasons: dict[int, PendingReason] = {}
-        known = np.zeros(len(keys), dtype=bool)
-        capacity = np.zeros(len(keys), dtype=bool)
-        for m, k in enumerate(keys.tolist()):
-            r = self.failed.get(((k // 2,), bool(k % 2)))  # the memo's key: (info.shape, soft)
-            if r is not None:
-                reasons[k], known[m], capacity[m] = r, True, r in _CAPACITY
-        where = np.searchsorted(keys, codes)
-        ok = known[where]
-        cap = capacity[where]
+        known = np.zeros((len(shapes), 2), dtype=bool)
+        capacity = np.zeros((len(shapes), 2), dtype=bool)
+        failed = self.failed
+        for m, k in enumerate(shapes.tolist()):
+            for side in (0, 1):
+                r = failed.get(((k,), bool(side)))  # the memo's key: (info.shape, soft)
+                if r is not None:
+                    reasons[2 * k + side], known[m, side], capacity[m, side] = r, True, r in _CAPACITY
+        ok = known[inverse, sides]
+        cap = capacity[inverse, sides]
         if cap.any():
             if not (self.s.backfill is None or self.reserve_tries >= self.s.backfill.depth):
                 ok &= ~cap  # the head's reservation is still to be tried
             elif self.may_preempt:
-                pcodes = pshape * 2 + soft
-                for k in np.unique(pcodes[cap & ok]).tolist():
-                    j = int(np.flatnonzero(cap & (pcodes == k))[0])
-                    info = ordered[j]
-                    if (info.shape, info.static_priority, info.job.tenant, bool(k % 2)) not in self.no_victims:
-                        ok &= ~(cap & (pcodes == k))  # a preemption is still to be tried
+                # per (shape, priority, tenant) and soft: whether a preemption is still to be tried
+                todo = np.zeros((len(pfirst), 2), dtype=bool)
+                live = cap & ok
+                todo[pinverse[live], sides[live]] = True
+                for m, side in np.argwhere(todo).tolist():
+                    info = ordered[int(pfirst[m])]  # any job of the group: they share the memo's key
+                    if (info.shape, info.static_priority, info.job.tenant, bool(side)) in self.no_victims:
+                        todo[m, side] = False
+                ok &= ~(cap & todo[pinverse, sides])
         return ok, ok & cap & starved, codes, reasons
 
     def _settled(self, info: JobInfo, soft: bool) -> bool:

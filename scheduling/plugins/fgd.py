@@ -19,7 +19,7 @@ one numpy gather, so only nodes whose state is new cost Python work.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import replace
+from operator import attrgetter
 from typing import Literal
 
 import numpy as np
@@ -32,6 +32,11 @@ from scheduling.state import ClusterState, FloatArray, IntArray, NodeTable
 # (p, whole GPUs, per-GPU memory, per-GPU compute %, cpu, memory, allowed model codes or None)
 _Type = tuple[float, int, int, int, int, int, frozenset[int] | None]
 _Key = tuple[int, int, int, tuple[int, ...], tuple[int, ...]]
+# one mix's memos: generation, F by state, F by canonical state, increase by task type, GPU choice
+_MixMemo = tuple[int, dict[int, float], dict[tuple[object, ...], float], dict[tuple[object, ...], FloatArray],
+                 dict[tuple[int, tuple[object, ...]], int]]
+_JOB = attrgetter("job")
+MIX_MEMOS = 16  # mixes whose memos are kept besides the current one
 
 
 class FgdArgs(BaseModel):
@@ -79,7 +84,8 @@ def live_mix(shapes: list[TaskShape], step: float) -> list[TaskShape]:
     a step is dropped. Unchanged when rounding would drop every type."""
     if step <= 0:
         return shapes
-    out = [replace(s, weight=round(s.weight / step) * step) for s in shapes]
+    out = [TaskShape(round(s.weight / step) * step, s.gpu, s.gpu_memory_mib, s.gpu_compute_pct, s.cpu_milli,
+                     s.memory_mib, s.gpu_models) for s in shapes]
     out = [s for s in out if s.weight > 0]
     return out or shapes
 
@@ -133,18 +139,40 @@ class Fgd(Plugin):
         self._counted: dict[int, JobRequest] = {}  # the jobs whose tasks are in _count
         self._count: dict[tuple[int, int, int, int, tuple[str, ...]], int] = {}
         self.generation = 0  # of the memo: the epoch of the scores
+        self._generations = 0
         self._reset()
 
     def _reset(self) -> None:
-        self.generation += 1
+        """Everything over: the interning of node states, the node classes, every memo."""
         self.keys: dict[_Key, int] = {}
         self.key_list: list[_Key] = []
+        self.classes: IntArray | None = None
+        self.class_list: list[tuple[tuple[int, ...], tuple[int, ...], tuple[bool, ...]]] = []
+        self._stash: dict[tuple[_Type, ...], _MixMemo] = {}
+        self._fresh_memo()
+
+    def _fresh_memo(self) -> None:
+        """Empty memos of what depends on the mix, under a new generation."""
+        self._generations += 1
+        self.generation = self._generations
         self.frag_memo: dict[int, float] = {}
         self.canon_memo: dict[tuple[object, ...], float] = {}
         self.delta: dict[tuple[object, ...], FloatArray] = {}
         self.choice: dict[tuple[int, tuple[object, ...]], int] = {}
-        self.classes: IntArray | None = None
-        self.class_list: list[tuple[tuple[int, ...], tuple[int, ...], tuple[bool, ...]]] = []
+
+    def _switch_mix(self, mix: tuple[_Type, ...]) -> None:
+        """A new mix: the old one's memos are stashed, the new one's taken back if kept
+        (a live mix comes back often: jobs come and go around the rounding steps; on
+        Philly 64 x 8 a few hundred mixes take turns over thousands of changes)."""
+        self._stash[self.mix] = (self.generation, self.frag_memo, self.canon_memo, self.delta, self.choice)
+        hit = self._stash.pop(mix, None)
+        while len(self._stash) > MIX_MEMOS:
+            del self._stash[next(iter(self._stash))]  # the least recently left
+        self.mix = mix
+        if hit is None:
+            self._fresh_memo()
+        else:
+            self.generation, self.frag_memo, self.canon_memo, self.delta, self.choice = hit
 
     # --- the workload ------------------------------------------------------------------
     def _mix(self, cycle: Cycle) -> tuple[_Type, ...]:
@@ -165,8 +193,9 @@ class Fgd(Plugin):
         ``task_shapes`` gives them: kept across cycles and changed by the jobs that
         came and went (job objects are compared by identity)."""
         snap = cycle.snapshot
-        jobs = [*snap.pending, *(r.job for r in snap.running)]
-        now = dict(zip(map(id, jobs), jobs, strict=True))
+        now = dict(zip(map(id, snap.pending), snap.pending, strict=True))
+        running = list(map(_JOB, snap.running))
+        now.update(zip(map(id, running), running, strict=True))
         before = self._counted
         count = self._count
         for sign, side, keys in ((-1, before, before.keys() - now.keys()), (1, now, now.keys() - before.keys())):
@@ -184,9 +213,11 @@ class Fgd(Plugin):
 
     def open(self, cycle: Cycle) -> None:
         mix = self._mix(cycle)
-        if mix != self.mix or cycle.table is not self.table or len(self.keys) > self.args.max_states:
+        if cycle.table is not self.table or len(self.keys) > self.args.max_states:
             self.mix, self.table = mix, cycle.table
             self._reset()
+        elif mix != self.mix:
+            self._switch_mix(mix)
         if self.classes is None:
             t = cycle.table
             seen: dict[tuple[tuple[int, ...], tuple[int, ...], tuple[bool, ...]], int] = {}
@@ -305,7 +336,7 @@ class Fgd(Plugin):
         return self._task_key(cycle, p)[0]
 
     def score_epoch(self, cycle: Cycle) -> Hashable | None:
-        return self.generation  # a new mix (or table) starts the memo over
+        return self.generation  # a new mix (or table) starts the memo over, a kept one resumes it
 
     def increase(self, cycle: Cycle, p: Placing, cand: IntArray) -> FloatArray | None:
         """Least increase of F on each candidate node (1e6 where the task cannot go)."""

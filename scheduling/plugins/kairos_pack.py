@@ -32,7 +32,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from scheduling.framework import Cycle, Placing, register
-from scheduling.plugins.fgd import Fgd, FgdArgs, _Type
+from scheduling.plugins.fgd import MIX_MEMOS, Fgd, FgdArgs, _Type
 from scheduling.state import ClusterState, FloatArray, IntArray
 
 
@@ -83,13 +83,19 @@ class KairosPack(Fgd):
         self._for: tuple[_Type, ...] | None = None
         self.r = float("inf")
         self.values = [0.0] * 101
+        self._per_mix: dict[tuple[_Type, ...], tuple[float, list[float]]] = {}
 
     def open(self, cycle: Cycle) -> None:
         super().open(cycle)
-        if self._for != self.mix:  # the memo was reset with the mix: so are these
+        if self._for != self.mix:  # a new mix: so are these (kept per mix, as FGD's memos)
             self._for = self.mix
-            self.r = cpu_per_gpu(self.mix)
-            self.values = hole_values(self.mix)
+            hit = self._per_mix.pop(self.mix, None)
+            if hit is None:
+                hit = (cpu_per_gpu(self.mix), hole_values(self.mix))
+            self._per_mix[self.mix] = hit  # the most recent last
+            while len(self._per_mix) > MIX_MEMOS + 1:
+                del self._per_mix[next(iter(self._per_mix))]
+            self.r, self.values = hit
 
     def share_cost(self, before_pct: int, after_pct: int) -> float:
         v = self.values

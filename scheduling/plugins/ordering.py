@@ -110,7 +110,12 @@ class Priority(Plugin):
                 classes = cycle.extra["priority.class"] = np.fromiter(
                     (a.class_values.get(r.job.priority_class, 0.0) for r in cycle.running), float,
                     len(cycle.running))
-            return [(classes < a.class_values.get(info.job.priority_class, 0.0), PreemptReason.PRIORITY)]
+            mine = a.class_values.get(info.job.priority_class, 0.0)
+            below = cycle.extra.setdefault("priority.below", {})  # by the preemptor's class value
+            mask = below.get(mine)
+            if mask is None:
+                mask = below[mine] = classes < mine
+            return [(mask, PreemptReason.PRIORITY)]
         return [(info.static_priority - cycle.runs().static >= a.preempt_gap, PreemptReason.PRIORITY)]
 
 
@@ -227,15 +232,18 @@ class Srpt(Plugin):
             done = (cycle.now - rt.start) + np.where(rt.gpus > 0, rt.attained / np.maximum(rt.gpus, 1e-9), 0.0)
             theirs = cycle.extra["srpt.theirs"] = self._service(expected_left(
                 np.where(np.isinf(rt.estimate), np.nan, rt.estimate), done, a.unknown_s, a.overrun), rt.gpus)
-        est = np.array([np.nan if info.job.runtime_estimate_s is None else info.job.runtime_estimate_s])
-        mine_done = np.array([info.job.attained_service_s / info.gpus if info.gpus else 0.0])
-        mine = float(self._service(expected_left(est, mine_done, a.unknown_s, a.overrun),
-                                   np.array([info.gpus]))[0])
+        est: float = info.job.runtime_estimate_s  # known: checked above
+        ran = info.job.attained_service_s / info.gpus if info.gpus else 0.0
+        left = est - ran if ran < est else max(a.overrun * ran, 1.0)  # expected_left, of one job
+        mine = left * max(info.gpus, 1e-3) if a.by == "gpu_time" else left
         ok = theirs > a.preempt_ratio * mine
         if cycle.starvation_bound_s is not None:
             # a job that starved before it started is not stopped for shorter work: it would
             # queue again, starve again and go first again, round and round
-            ok &= cycle.runs().waited < cycle.starvation_bound_s
+            fresh = cycle.extra.get("srpt.fresh")
+            if fresh is None:
+                fresh = cycle.extra["srpt.fresh"] = cycle.runs().waited < cycle.starvation_bound_s
+            ok &= fresh
         return [(ok, PreemptReason.SRTF)]
 
 

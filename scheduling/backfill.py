@@ -10,6 +10,8 @@ nodes only if their own estimate ends before the shadow time.
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 import numpy as np
 
 from scheduling.framework import Cycle, JobInfo, RunningInfo
@@ -19,6 +21,7 @@ from scheduling.state import BoolArray, ClusterState, IntArray
 
 MAX_TRIALS = 16  # full placement trials per reservation; cheap bounds screen the rest
 CHUNK = 64  # running jobs released at once while the head job cannot fit anyway
+_END_AND_ID = itemgetter(0, 1)
 MIN_LEFT_S = 60.0  # a job just started without an estimate is expected to run at least this
 
 
@@ -42,11 +45,9 @@ def expected_ends(cycle: Cycle, which: IntArray, default_runtime_s: float | None
     end = np.where(np.isinf(est), now, start + est)
     # past its estimate, or none: heavy tails say as long again
     end = np.where(end <= now, now + np.maximum(now - start, MIN_LEFT_S), end)
-    runs = [cycle.running[k] for k in which.tolist()]
-    ids = np.asarray([r.job.job_id for r in runs], dtype=str)
-    order = np.lexsort((ids, end)).tolist() if runs else []
-    ends = end.tolist()
-    return [(ends[k], runs[k].job.job_id, runs[k]) for k in order]
+    running = cycle.running
+    return sorted([(e, running[k].job.job_id, running[k]) for e, k in zip(end.tolist(), which.tolist(), strict=True)],
+                  key=_END_AND_ID)
 
 
 def reserve(placer: Placer, base: ClusterState, info: JobInfo, need: int,
@@ -63,10 +64,14 @@ def reserve(placer: Placer, base: ClusterState, info: JobInfo, need: int,
 
     trials = 0
     k = 0
+    size = 1
     while k < len(ends):
-        # Release a chunk at once (vectorised). Only when the job fits after the whole
-        # chunk, step back and walk it one end time at a time for the exact moment.
-        chunk = ends[k: k + CHUNK]
+        # Release a chunk at once (vectorised), chunks doubling from one end time to
+        # CHUNK: the head job often fits after a few ends, and a long wait costs a
+        # handful of bulk steps. Only when the job fits after the whole chunk, step back
+        # and walk it one end time at a time for the exact moment.
+        chunk = ends[k: k + size]
+        size = min(2 * size, CHUNK)
         j = k + len(chunk)
         while j < len(ends) and ends[j][0] == ends[j - 1][0]:
             chunk.append(ends[j])
@@ -80,6 +85,8 @@ def reserve(placer: Placer, base: ClusterState, info: JobInfo, need: int,
         fit = _trial(placer, st, info, need)
         if fit is None:
             continue
+        if len(chunk) == 1:
+            return Reservation(info.job.job_id, chunk[0][0], tuple(sorted({b.node_id for b in fit})))
         st.apply(freed, sign=1)
         for m, (end, _, r) in enumerate(chunk):
             for a in r.allocs:

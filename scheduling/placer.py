@@ -126,6 +126,9 @@ class Placer:
 
     # --- one replica -----------------------------------------------------------------
     def choose(self, p: Placing, base: BoolArray) -> tuple[int, tuple[GpuUse, ...]] | None:
+        t = p.task
+        if t.gpu and not (p.state.idle[base] >= t.gpu).any():
+            return None  # no allowed node has that many idle GPUs: no score needs bringing up to date
         kept = self._kept_total(p)
         if kept is None:
             cand: IntArray = np.flatnonzero(self.fit_mask(p.state, p.task, base))

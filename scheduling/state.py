@@ -107,6 +107,13 @@ class NodeTable:
         self.gpu_class_l: list[list[int]] = self.gpu_class.tolist()
         self.gpu_order_free_l: list[bool] = self.gpu_order_free.tolist()
         self.node_class_l: list[int] = self.node_class.tolist()
+        # nodes alike GPU by GPU in place (class and layout): their raw free arrays map to
+        # the same state id, so a raw row's id is memoised (``raw_states``, for ``states``)
+        layouts: dict[tuple[object, ...], int] = {}
+        self.layout_l: list[int] = [layouts.setdefault((c, *row), len(layouts))
+                                    for c, row in zip(self.node_class_l, self.gpu_class_l, strict=True)]
+        self.raw_states: dict[tuple[object, ...], int] = {}
+        self.raw_for: object = self.states
 
     def models_mask(self, allowed: tuple[str, ...]) -> BoolArray:
         """Per GPU: its model is allowed (all, when ``allowed`` is empty)."""
@@ -379,8 +386,17 @@ class ClusterState:
         sid: IntArray = ent[0]
         states = t.states
         if len(rows) <= FEW_ROWS:  # the common case, a node or two since: plain Python is quicker
+            if t.raw_for is not states or len(t.raw_states) > MAX_STATES:
+                t.raw_states, t.raw_for = {}, states
+            raw = t.raw_states
+            gm, gc, mig, cpu, mem, layout = (self.gmem_free, self.gcmp_free, self.mig_free, self.cpu_free,
+                                             self.mem_free, t.layout_l)
             for i in rows:
-                sid[i] = states.setdefault(self._state_key(i), len(states))
+                k = (layout[i], cpu.item(i), mem.item(i), gm[i].tobytes(), gc[i].tobytes(), mig[i].tobytes())
+                v = raw.get(k)
+                if v is None:
+                    v = raw[k] = states.setdefault(self._state_key(i), len(states))
+                sid[i] = v
             return sid
         r = np.asarray(rows, dtype=np.int64)
         gm, gc, mig = self.gmem_free[r], self.gcmp_free[r], self.mig_free[r]

@@ -360,6 +360,11 @@ def test_equal_state_ids_mean_equal_nodes_and_free_capacity(snap) -> None:
         again = ClusterState(table)
         again.apply(snap.allocations)
         assert (again.state_ids() == ids).all()  # row by row and in bulk: the same ids
+        state_module.FEW_ROWS = 1 << 30  # every row through the row path, its raw-row memo warm
+        for _ in range(2):
+            warm = ClusterState(table)
+            warm.apply(snap.allocations)
+            assert (warm.state_ids() == ids).all()
     finally:
         state_module.FEW_ROWS = bulk
     copy = state.copy()

@@ -45,9 +45,9 @@ class FairShare(Plugin):
     def order_keys(self, cycle: Cycle, jobs: Sequence[JobInfo]) -> list[FloatArray]:
         n = len(jobs)
         c = cycle.cols
-        codes, tenant = np.unique(c[jc.TENANT].astype(np.int64), return_inverse=True)
-        by_code = {int(k): jobs[int(np.flatnonzero(c[jc.TENANT] == k)[0])].job.tenant for k in codes}
-        names = [by_code[int(k)] for k in codes]
+        _, first, tenant = np.unique(c[jc.TENANT].astype(np.int64), return_index=True, return_inverse=True)
+        tenant = tenant.reshape(-1)
+        names = [jobs[k].job.tenant for k in first.tolist()]  # each tenant's name, from its first job
         prio = cycle.job_priority if cycle.job_priority is not None else c[jc.STATIC]
         submit = c[jc.SUBMIT]
         demand = c[[jc.GPUS, jc.CPU, jc.MEM]].T

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -36,6 +37,8 @@ from scheduling.model import (
 )
 from scheduling.quota import QuotaBook
 from scheduling.state import BoolArray, ClusterState, FloatArray, IntArray, NodeTable
+
+_TENANT = attrgetter("run.job.tenant")
 
 
 class NoArgs(BaseModel):
@@ -69,10 +72,25 @@ class RunningInfo:
     demand: Resources = field(default_factory=Resources)
     static_priority: float = 0.0
     elastic: bool = False  # some task has a replica range
+    row: tuple[float, ...] | None = None  # its RunTable numbers, kept while the allocations are the same
 
     @property
     def job(self) -> JobRequest:
         return self.run.job
+
+    def table_row(self) -> tuple[float, ...]:
+        """Static priority, GPUs, start, attained service, estimate (inf: none), last
+        checkpoint (-inf: none), protected whatever the time, minimum run time, demand
+        (GPUs, CPU, memory), submit time."""
+        if self.row is None:
+            run = self.run
+            job = run.job
+            est, ckpt, d = job.runtime_estimate_s, run.last_checkpoint_time, self.demand
+            self.row = (self.static_priority, self.gpus, run.start_time, job.attained_service_s,
+                        np.inf if est is None else est, -np.inf if ckpt is None else ckpt,
+                        float(run.terminating or not job.preemptible), job.min_runtime_s,
+                        d.gpu, d.cpu_milli, d.memory_mib, job.submit_time)
+        return self.row
 
 
 @dataclass(slots=True)
@@ -93,26 +111,16 @@ class RunTable:
     def __init__(self, cycle: Cycle) -> None:
         runs = cycle.running
         now = cycle.now
-        self.tenants = sorted({r.run.job.tenant for r in runs})
+        names = list(map(_TENANT, runs))
+        self.tenants = sorted(set(names))
         code = {t: k for k, t in enumerate(self.tenants)}
-        rows = []
-        for r in runs:
-            run = r.run
-            job = run.job
-            est = job.runtime_estimate_s
-            ckpt = run.last_checkpoint_time
-            d = r.demand
-            rows.append((code[job.tenant], r.static_priority, r.gpus, run.start_time, job.attained_service_s,
-                         np.inf if est is None else est, -np.inf if ckpt is None else ckpt,
-                         run.terminating or not job.preemptible or now - run.start_time < job.min_runtime_s,
-                         d.gpu, d.cpu_milli, d.memory_mib, job.submit_time))
-        a = np.asarray(rows, dtype=float).reshape(len(runs), 12)
-        self.tenant = a[:, 0].astype(np.int64)
-        self.static, self.gpus, self.start, self.attained, self.estimate = (a[:, k] for k in range(1, 6))
+        self.tenant = np.fromiter(map(code.__getitem__, names), dtype=np.int64, count=len(names))
+        a = np.asarray([r.table_row() for r in runs], dtype=float).reshape(len(runs), 12)
+        self.static, self.gpus, self.start, self.attained, self.estimate = (a[:, k] for k in range(5))
         self.demand = a[:, 8:11]
         # GPU-seconds since the last checkpoint (or start): lost if stopped now
-        self.lost = self.gpus * np.maximum(0.0, now - np.maximum(self.start, a[:, 6]))
-        self.protected = a[:, 7] > 0
+        self.lost = self.gpus * np.maximum(0.0, now - np.maximum(self.start, a[:, 5]))
+        self.protected = (a[:, 6] > 0) | (now - self.start < a[:, 7])
         # how long each waited before its current start (less earlier runs, as ``waited``)
         ran = np.where(self.gpus > 0, self.attained / np.maximum(self.gpus, 1e-9), 0.0)
         self.waited = np.maximum(0.0, self.start - a[:, 11] - ran)

@@ -266,8 +266,8 @@ def _with_victims(placer: Placer, p: Placing, base: BoolArray, vix: VictimIndex,
 
 def _fits(placer: Placer, p: Placing, i: int) -> bool:
     st, t = p.state, p.task
-    if st.cpu_free[i] < t.cpu_milli or st.mem_free[i] < t.memory_mib:
-        return False
+    if st.cpu_free[i] < t.cpu_milli or st.mem_free[i] < t.memory_mib or st.idle[i] < t.gpu:
+        return False  # (whole GPUs must be wholly free: no pick could place them)
     cand = np.asarray([i])
     for tm in placer.task_masks:
         r = tm.task_mask(placer.cycle, p, cand)

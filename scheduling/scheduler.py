@@ -48,6 +48,7 @@ from scheduling.state import BoolArray, ClusterState, NodeTable
 HOOKS = ("order_keys", "admit", "node_mask", "task_mask", "score", "victims", "min_members", "pick")
 _INFO, _ROW = itemgetter(1), itemgetter(2)  # of a kept (job, info, row)
 _JOB_ID = attrgetter("job_id")
+_TENANT = attrgetter("run.job.tenant")
 STARVED_RESERVATIONS = 16  # starved jobs beyond the EASY head that get a reservation per cycle
 _CAPACITY = (PendingReason.NO_FIT, PendingReason.GANG_INCOMPLETE, PendingReason.AFFINITY,
              PendingReason.GPU_MODEL)
@@ -192,21 +193,19 @@ class Scheduler:
             if ri.gpus != d[0] or was.cpu_milli != d[1] or was.memory_mib != d[2]:  # else the same Resources
                 ri.gpus = d[0]
                 ri.demand = Resources(d[0], d[1], d[2])
+                ri.row = None
         cycle.running = [r for r in runs if r.allocs]
         # each allocation's running job, as a position in cycle.running (-1: none)
         at = np.cumsum(counts > 0) - 1 if len(runs) else np.zeros(1, dtype=np.int64)
         cycle.alloc_run = np.where(owner >= 0, at[np.maximum(owner, 0)], -1)
         cycle.running_by_id = {r.run.job.job_id: r for r in cycle.running}
-        usage: dict[str, list[float]] = {}
-        for ri in cycle.running:
-            d2 = ri.demand
-            u = usage.get(ri.run.job.tenant)
-            if u is None:
-                u = usage[ri.run.job.tenant] = [0.0, 0.0, 0.0]
-            u[0] += d2.gpu
-            u[1] += d2.cpu_milli
-            u[2] += d2.memory_mib
-        cycle.usage = {t: Resources(*u) for t, u in usage.items()}
+        # each tenant's usage (tenants in order of first appearance; sums in running order)
+        tenants = list(map(_TENANT, cycle.running))
+        code = {t: k for k, t in enumerate(dict.fromkeys(tenants))}
+        which = np.fromiter(map(code.__getitem__, tenants), dtype=np.int64, count=len(tenants))
+        held = demand[counts > 0]
+        sums = np.stack([np.bincount(which, weights=held[:, c], minlength=len(code)) for c in (0, 1, 2)], axis=1)
+        cycle.usage = {t: Resources(*u) for t, u in zip(code, sums.tolist(), strict=True)}
         for p in self.plugins:
             if p.name != "priority":
                 p.open(cycle)

@@ -19,6 +19,7 @@ one numpy gather, so only nodes whose state is new cost Python work.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
+from functools import lru_cache
 from operator import attrgetter
 from typing import Literal
 
@@ -53,6 +54,12 @@ class FgdArgs(BaseModel):
     levels: int = Field(100, ge=2, description="integer score levels of the paper score (theirs: 100)")
 
 
+@lru_cache(maxsize=4096)
+def _tie(s: TaskShape) -> str:
+    """Equally popular types are ranked by their repr (a stable, total order)."""
+    return repr(s)
+
+
 def typical_mix(shapes: Iterable[TaskShape], popularity_pct: float = 60.0, step: int = 10,
                 include_cpu: bool = False) -> list[TaskShape]:
     """Most popular task types covering ``popularity_pct`` of tasks, renormalised."""
@@ -66,7 +73,7 @@ def typical_mix(shapes: Iterable[TaskShape], popularity_pct: float = 60.0, step:
     total = sum(count.values())
     if total <= 0:
         return []
-    ranked = sorted(count.items(), key=lambda kv: (-kv[1], repr(kv[0])))
+    ranked = sorted(count.items(), key=lambda kv: (-kv[1], _tie(kv[0])))
     kept: list[tuple[TaskShape, float]] = []
     covered = 0.0
     while covered < popularity_pct / 100.0 * total and len(kept) < len(ranked):

@@ -72,25 +72,27 @@ class RunningInfo:
     demand: Resources = field(default_factory=Resources)
     static_priority: float = 0.0
     elastic: bool = False  # some task has a replica range
-    row: tuple[float, ...] | None = None  # its RunTable numbers, kept while the allocations are the same
+    slot: int = -1  # its row in the scheduler's running-job columns (RunTable's numbers)
+    fresh: bool = False  # that row holds its current numbers
 
     @property
     def job(self) -> JobRequest:
         return self.run.job
 
     def table_row(self) -> tuple[float, ...]:
-        """Static priority, GPUs, start, attained service, estimate (inf: none), last
-        checkpoint (-inf: none), protected whatever the time, minimum run time, demand
-        (GPUs, CPU, memory), submit time."""
-        if self.row is None:
-            run = self.run
-            job = run.job
-            est, ckpt, d = job.runtime_estimate_s, run.last_checkpoint_time, self.demand
-            self.row = (self.static_priority, self.gpus, run.start_time, job.attained_service_s,
-                        np.inf if est is None else est, -np.inf if ckpt is None else ckpt,
-                        float(run.terminating or not job.preemptible), job.min_runtime_s,
-                        d.gpu, d.cpu_milli, d.memory_mib, job.submit_time)
-        return self.row
+        """Its RunTable numbers (``RUN_FIELDS``): static priority, GPUs, start, attained
+        service, estimate (inf: none), last checkpoint (-inf: none), protected whatever
+        the time, minimum run time, demand (GPUs, CPU, memory), submit time."""
+        run = self.run
+        job = run.job
+        est, ckpt, d = job.runtime_estimate_s, run.last_checkpoint_time, self.demand
+        return (self.static_priority, self.gpus, run.start_time, job.attained_service_s,
+                np.inf if est is None else est, -np.inf if ckpt is None else ckpt,
+                float(run.terminating or not job.preemptible), job.min_runtime_s,
+                d.gpu, d.cpu_milli, d.memory_mib, job.submit_time)
+
+
+RUN_FIELDS = 12
 
 
 @dataclass(slots=True)
@@ -115,15 +117,15 @@ class RunTable:
         self.tenants = sorted(set(names))
         code = {t: k for k, t in enumerate(self.tenants)}
         self.tenant = np.fromiter(map(code.__getitem__, names), dtype=np.int64, count=len(names))
-        a = np.asarray([r.table_row() for r in runs], dtype=float).reshape(len(runs), 12)
-        self.static, self.gpus, self.start, self.attained, self.estimate = (a[:, k] for k in range(5))
-        self.demand = a[:, 8:11]
+        c = cycle.run_cols  # (RUN_FIELDS, running jobs): RunningInfo.table_row, gathered
+        self.static, self.gpus, self.start, self.attained, self.estimate = (c[k] for k in range(5))
+        self.demand = c[8:11].T
         # GPU-seconds since the last checkpoint (or start): lost if stopped now
-        self.lost = self.gpus * np.maximum(0.0, now - np.maximum(self.start, a[:, 5]))
-        self.protected = (a[:, 6] > 0) | (now - self.start < a[:, 7])
+        self.lost = self.gpus * np.maximum(0.0, now - np.maximum(self.start, c[5]))
+        self.protected = (c[6] > 0) | (now - self.start < c[7])
         # how long each waited before its current start (less earlier runs, as ``waited``)
         ran = np.where(self.gpus > 0, self.attained / np.maximum(self.gpus, 1e-9), 0.0)
-        self.waited = np.maximum(0.0, self.start - a[:, 11] - ran)
+        self.waited = np.maximum(0.0, self.start - c[11] - ran)
 
 
 class Cycle:
@@ -140,6 +142,7 @@ class Cycle:
         self.alloc_node: IntArray = np.zeros(0, dtype=np.int64)
         self.alloc_gpu: FloatArray = np.zeros(0)
         self.alloc_run: IntArray = np.zeros(0, dtype=np.int64)  # position in running, -1: none
+        self.run_cols: FloatArray = np.zeros((RUN_FIELDS, 0))  # the running jobs' RunTable numbers
         self.usage: dict[str, Resources] = {}  # per tenant, running + placed this cycle
         self.capacity = Resources()
         self.priority_of: Callable[[JobRequest], float] = lambda j: float(j.priority)

@@ -20,15 +20,15 @@ FIELDS = 10
 
 
 class JobColumns:
-    def __init__(self, capacity: int = 1024) -> None:
-        self.data: FloatArray = np.zeros((FIELDS, capacity))
+    def __init__(self, capacity: int = 1024, fields: int = FIELDS) -> None:
+        self.data: FloatArray = np.zeros((fields, capacity))
         self.free: list[int] = list(range(capacity - 1, -1, -1))
         self.tenants: dict[str, int] = {}
 
     def add(self, row: tuple[float, ...]) -> int:
         if not self.free:
             cap = self.data.shape[1]
-            self.data = np.concatenate([self.data, np.zeros((FIELDS, cap))], axis=1)
+            self.data = np.concatenate([self.data, np.zeros((self.data.shape[0], cap))], axis=1)
             self.free = list(range(2 * cap - 1, cap - 1, -1))
         k = self.free.pop()
         self.data[:, k] = row
@@ -41,5 +41,5 @@ class JobColumns:
         self.free.extend(rows)
 
     def gather(self, rows: IntArray) -> FloatArray:
-        """The columns of these rows, in this order: shape (FIELDS, len(rows))."""
+        """The columns of these rows, in this order: shape (fields, len(rows))."""
         return self.data[:, rows]

@@ -25,7 +25,7 @@ import numpy as np
 from scheduling import jobcols as jc
 from scheduling.backfill import reserve
 from scheduling.config import SchedulerConfig
-from scheduling.framework import Cycle, JobInfo, Placing, Plugin, RunningInfo, overrides
+from scheduling.framework import RUN_FIELDS, Cycle, JobInfo, Placing, Plugin, RunningInfo, overrides
 from scheduling.model import (
     Allocation,
     Bind,
@@ -49,6 +49,7 @@ HOOKS = ("order_keys", "admit", "node_mask", "task_mask", "score", "victims", "m
 _INFO, _ROW = itemgetter(1), itemgetter(2)  # of a kept (job, info, row)
 _JOB_ID = attrgetter("job_id")
 _TENANT = attrgetter("run.job.tenant")
+_SLOT = attrgetter("slot")
 STARVED_RESERVATIONS = 16  # starved jobs beyond the EASY head that get a reservation per cycle
 _CAPACITY = (PendingReason.NO_FIT, PendingReason.GANG_INCOMPLETE, PendingReason.AFFINITY,
              PendingReason.GPU_MODEL)
@@ -109,6 +110,7 @@ class Scheduler:
         self._infos: dict[int, tuple[JobRequest, JobInfo, int]] = {}  # id(job) -> job, info, row
         self._shapes: dict[tuple[object, ...], int] = {}  # job shapes, interned for the fit memo
         self._running: dict[int, RunningInfo] = {}  # id(running job) -> its RunningInfo, kept
+        self._run_cols = jc.JobColumns(256, RUN_FIELDS)  # their RunTable numbers, a row each
         self._cols = jc.JobColumns()
         self._scores = ScoreMemo()  # placement scores by node state, kept across cycles
         self._fruitless: set[tuple[object, ...]] = set()  # victim searches that found nothing last cycle
@@ -164,6 +166,8 @@ class Scheduler:
         for r in snapshot.running:
             ri = kept.get(id(r))
             if ri is None or ri.run is not r:
+                if ri is not None and ri.slot >= 0:
+                    self._run_cols.release([ri.slot])
                 ri = RunningInfo(r, [], 0.0, _NOTHING, cycle.priority_of(r.job), any(t.elastic for t in r.job.tasks))
             self._running[id(r)] = ri
             jid = r.job.job_id
@@ -172,6 +176,8 @@ class Scheduler:
             else:
                 run_index[jid] = len(runs)
                 runs.append(ri)
+        gone = kept.keys() - self._running.keys()  # running jobs that ended: their rows are reused
+        self._run_cols.release([kept[k].slot for k in gone if kept[k].slot >= 0])
         allocs = snapshot.allocations
         meta = self._meta
         m = np.array(list(map(meta.__getitem__, map(id, allocs))), dtype=float).reshape(len(allocs), 4)
@@ -193,8 +199,16 @@ class Scheduler:
             if ri.gpus != d[0] or was.cpu_milli != d[1] or was.memory_mib != d[2]:  # else the same Resources
                 ri.gpus = d[0]
                 ri.demand = Resources(d[0], d[1], d[2])
-                ri.row = None
+                ri.fresh = False
+            if not ri.fresh:
+                if ri.slot < 0:
+                    ri.slot = self._run_cols.add(ri.table_row())
+                else:
+                    self._run_cols.data[:, ri.slot] = ri.table_row()
+                ri.fresh = True
         cycle.running = [r for r in runs if r.allocs]
+        cycle.run_cols = self._run_cols.gather(
+            np.fromiter(map(_SLOT, cycle.running), dtype=np.int64, count=len(cycle.running)))
         # each allocation's running job, as a position in cycle.running (-1: none)
         at = np.cumsum(counts > 0) - 1 if len(runs) else np.zeros(1, dtype=np.int64)
         cycle.alloc_run = np.where(owner >= 0, at[np.maximum(owner, 0)], -1)

@@ -250,6 +250,27 @@ def test_incremental_state_equals_a_rebuild(first, second) -> None:
 
 
 @SETTINGS
+@given(snapshots(), st.integers(0, 3))
+def test_running_jobs_kept_across_cycles_have_the_figures_of_a_fresh_cycle(snap, drop) -> None:
+    """RunningInfo and its RunTable row are kept per running-job object: when the same
+    running jobs hold other allocations (some ended, as an elastic job shrinks) the
+    figures follow them, as a fresh scheduler's do."""
+    import numpy as np
+
+    s = Scheduler()
+    s.schedule(snap)
+    later = replace(snap, now=snap.now + 60.0, allocations=snap.allocations[drop:])
+    warm, fresh = s._open(later), Scheduler()._open(later)
+    assert [r.run for r in warm.running] == [r.run for r in fresh.running]
+    assert warm.usage == fresh.usage
+    a, b = warm.runs(), fresh.runs()
+    assert a.tenants == b.tenants
+    for name in ("tenant", "static", "gpus", "start", "attained", "estimate", "demand", "lost", "protected",
+                 "waited"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+
+
+@SETTINGS
 @given(snapshots(), st.sampled_from(sorted(CONFIGS)), st.integers(1, 6))
 def test_bulk_settling_gives_the_plan_of_one_by_one(snap, cfg, copies) -> None:
     """Jobs left over once the cluster is full for them get their reasons in bulk: the

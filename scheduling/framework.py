@@ -73,7 +73,6 @@ class RunningInfo:
     static_priority: float = 0.0
     elastic: bool = False  # some task has a replica range
     slot: int = -1  # its row in the scheduler's running-job columns (RunTable's numbers)
-    fresh: bool = False  # that row holds its current numbers
 
     @property
     def job(self) -> JobRequest:

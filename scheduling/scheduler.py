@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import attrgetter, itemgetter
+from typing import cast
 
 import numpy as np
 
@@ -37,6 +38,7 @@ from scheduling.model import (
     Resize,
     ResizeReason,
     Resources,
+    RunningJob,
     Snapshot,
 )
 from scheduling.placer import Placer, ScoreMemo
@@ -50,6 +52,7 @@ _INFO, _ROW = itemgetter(1), itemgetter(2)  # of a kept (job, info, row)
 _JOB_ID = attrgetter("job_id")
 _TENANT = attrgetter("run.job.tenant")
 _SLOT = attrgetter("slot")
+_RUN_JOB_ID = attrgetter("job.job_id")
 STARVED_RESERVATIONS = 16  # starved jobs beyond the EASY head that get a reservation per cycle
 _CAPACITY = (PendingReason.NO_FIT, PendingReason.GANG_INCOMPLETE, PendingReason.AFFINITY,
              PendingReason.GPU_MODEL)
@@ -158,26 +161,7 @@ class Scheduler:
         usable = table.schedulable[:, None] & table.share_ok
         cycle.capacity = Resources(float(usable.sum()), float(table.cpu_total[table.schedulable].sum()),
                                    float(table.mem_total[table.schedulable].sum()))
-        # running jobs: a RunningInfo kept per RunningJob object (static priority, elastic,
-        # last cycle's demand), its allocations' positions refreshed every cycle
-        runs: list[RunningInfo] = []
-        run_index: dict[str, int] = {}
-        kept, self._running = self._running, {}
-        for r in snapshot.running:
-            ri = kept.get(id(r))
-            if ri is None or ri.run is not r:
-                if ri is not None and ri.slot >= 0:
-                    self._run_cols.release([ri.slot])
-                ri = RunningInfo(r, [], 0.0, _NOTHING, cycle.priority_of(r.job), any(t.elastic for t in r.job.tasks))
-            self._running[id(r)] = ri
-            jid = r.job.job_id
-            if jid in run_index:  # listed twice: the later entry wins, as a dict would
-                runs[run_index[jid]] = ri
-            else:
-                run_index[jid] = len(runs)
-                runs.append(ri)
-        gone = kept.keys() - self._running.keys()  # running jobs that ended: their rows are reused
-        self._run_cols.release([kept[k].slot for k in gone if kept[k].slot >= 0])
+        runs, run_index = self._kept_running(cycle, snapshot.running)
         allocs = snapshot.allocations
         meta = self._meta
         m = np.array(list(map(meta.__getitem__, map(id, allocs))), dtype=float).reshape(len(allocs), 4)
@@ -191,21 +175,20 @@ class Scheduler:
         pos = by_run.tolist()
         demand = np.stack([np.bincount(owner[mine], weights=m[mine, c], minlength=len(runs)) for c in (1, 2, 3)],
                           axis=1) if len(runs) else np.zeros((0, 3))
-        lo = 0
-        for ri, hi, d in zip(runs, bounds, demand.tolist(), strict=True):
+        for ri, lo, hi in zip(runs, [0, *bounds][: len(bounds)], bounds, strict=True):
             ri.allocs = pos[lo:hi]
-            lo = hi
-            was = ri.demand
-            if ri.gpus != d[0] or was.cpu_milli != d[1] or was.memory_mib != d[2]:  # else the same Resources
-                ri.gpus = d[0]
-                ri.demand = Resources(d[0], d[1], d[2])
-                ri.fresh = False
-            if not ri.fresh:
-                if ri.slot < 0:
-                    ri.slot = self._run_cols.add(ri.table_row())
-                else:
-                    self._run_cols.data[:, ri.slot] = ri.table_row()
-                ri.fresh = True
+        # a job's RunTable row is rewritten where its demand is not the row's (or it has none)
+        store = self._run_cols
+        slots = np.fromiter(map(_SLOT, runs), dtype=np.int64, count=len(runs))
+        stale = (slots < 0) | (demand != store.data[8:11, slots].T).any(axis=1)
+        for k in np.flatnonzero(stale).tolist():
+            ri, d = runs[k], demand[k].tolist()
+            ri.gpus = d[0]
+            ri.demand = Resources(d[0], d[1], d[2])
+            if ri.slot < 0:
+                ri.slot = store.add(ri.table_row())
+            else:
+                store.data[:, ri.slot] = ri.table_row()
         cycle.running = [r for r in runs if r.allocs]
         cycle.run_cols = self._run_cols.gather(
             np.fromiter(map(_SLOT, cycle.running), dtype=np.int64, count=len(cycle.running)))
@@ -224,6 +207,37 @@ class Scheduler:
             if p.name != "priority":
                 p.open(cycle)
         return cycle
+
+    def _kept_running(self, cycle: Cycle, running: Sequence[RunningJob]) -> tuple[list[RunningInfo], dict[str, int]]:
+        """The running jobs as RunningInfo (static priority, elastic, RunTable row), kept
+        per RunningJob object: the cache holds the object, so its id is not reused while
+        it is there. A job listed twice: the later entry wins, as a dict would. Returns
+        them and each job's position."""
+        kept = self._running
+        ids = list(map(id, running))
+        found = list(map(kept.get, ids))
+        if None in found:
+            for k in [k for k, ri in enumerate(found) if ri is None]:
+                r = running[k]
+                found[k] = RunningInfo(r, [], 0.0, _NOTHING, cycle.priority_of(r.job),
+                                       any(t.elastic for t in r.job.tasks))
+        ris = cast(list[RunningInfo], found)
+        self._running = now = dict(zip(ids, ris, strict=True))
+        gone = kept.keys() - now.keys()  # running jobs that ended: their rows are reused
+        self._run_cols.release([kept[k].slot for k in gone if kept[k].slot >= 0])
+        jids = list(map(_RUN_JOB_ID, running))
+        run_index = dict(zip(jids, range(len(jids)), strict=True))
+        if len(run_index) == len(jids):
+            return ris, run_index
+        runs: list[RunningInfo] = []
+        run_index = {}
+        for jid, ri in zip(jids, ris, strict=True):
+            if jid in run_index:
+                runs[run_index[jid]] = ri
+            else:
+                run_index[jid] = len(runs)
+                runs.append(ri)
+        return runs, run_index
 
     def _state(self, table: NodeTable, allocations: Sequence[Allocation]) -> ClusterState:
         """Free capacity after the allocations: the last cycle's, adjusted by the

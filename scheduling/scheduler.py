@@ -274,8 +274,13 @@ class Scheduler:
         now = dict(zip(ids, pending, strict=True))
         new = now.keys() - infos.keys()  # set operations in C: thousands may wait
         if new:
-            first = dict(zip(reversed(ids), range(len(ids) - 1, -1, -1), strict=True))  # first position of each
-            for k in sorted(new, key=first.__getitem__):  # new job objects, in the snapshot's order
+            # new job objects, in the snapshot's order: arrivals come last, so their
+            # positions are looked up at the tail when no job object is listed twice
+            tail = ids[-(4 * len(new) + 16):]
+            first = dict(zip(tail, range(len(ids) - len(tail), len(ids)), strict=True))
+            if len(now) < len(ids) or not new <= first.keys():
+                first = dict(zip(reversed(ids), range(len(ids) - 1, -1, -1), strict=True))  # first position of each
+            for k in sorted(new, key=first.__getitem__):
                 info = self._new_info(cycle, now[k])
                 infos[k] = (now[k], info, self._cols.add(self._row(info)))
         gone = infos.keys() - now.keys()
@@ -531,10 +536,9 @@ class _Run:
         if self.arrays is None:  # the jobs' shapes are fixed for the cycle: grouped once
             c, order = self.cycle.cols, self.cycle.order
             st = self.cycle.job_starved
-            shapes, inverse = np.unique(c[jc.SHAPE][order].astype(np.int64), return_inverse=True)
-            _, pfirst, pinverse = np.unique(c[jc.PSHAPE][order].astype(np.int64), return_index=True,
-                                            return_inverse=True)
-            self.arrays = (shapes, inverse.reshape(-1), pfirst, pinverse.reshape(-1), c[jc.ESTIMATE][order],
+            shapes, _, inverse = jc.groups(c[jc.SHAPE][order].astype(np.int64))
+            _, pfirst, pinverse = jc.groups(c[jc.PSHAPE][order].astype(np.int64))
+            self.arrays = (shapes, inverse, pfirst, pinverse, c[jc.ESTIMATE][order],
                            st[order] if st is not None else np.zeros(len(order), dtype=bool))
         shapes, inverse, pfirst, pinverse, est, starved = self.arrays
         soft = ~(est + self.cycle.now <= self.shadow) if self.any_soft else np.zeros(len(est), dtype=bool)

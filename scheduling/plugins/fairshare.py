@@ -45,8 +45,7 @@ class FairShare(Plugin):
     def order_keys(self, cycle: Cycle, jobs: Sequence[JobInfo]) -> list[FloatArray]:
         n = len(jobs)
         c = cycle.cols
-        _, first, tenant = np.unique(c[jc.TENANT].astype(np.int64), return_index=True, return_inverse=True)
-        tenant = tenant.reshape(-1)
+        _, first, tenant = jc.groups(c[jc.TENANT].astype(np.int64))
         names = [jobs[k].job.tenant for k in first.tolist()]  # each tenant's name, from its first job
         prio = cycle.job_priority if cycle.job_priority is not None else c[jc.STATIC]
         submit = c[jc.SUBMIT]

@@ -438,3 +438,18 @@ def test_the_workload_mix_kept_across_cycles_equals_a_fresh_count(first, second)
     second = replace(second, pending=first.pending[::2] + second.pending)
     for snap in (first, second, first):
         assert sorted(fgd._count_tasks(SimpleNamespace(snapshot=snap)), key=repr) == fresh(snap)
+
+
+@SETTINGS
+@given(st.lists(st.integers(0, 40), max_size=60))
+def test_grouping_codes_by_counting_equals_numpy_unique(codes) -> None:
+    """``jobcols.groups`` (the bulk settling and fair share group thousands of waiting
+    jobs by interned code every cycle) gives what ``np.unique`` gives."""
+    import numpy as np
+
+    from scheduling.jobcols import groups
+
+    a = np.asarray(codes, dtype=np.int64)
+    uniq, first, inverse = groups(a)
+    u2, f2, i2 = np.unique(a, return_index=True, return_inverse=True)
+    assert uniq.tolist() == u2.tolist() and first.tolist() == f2.tolist() and inverse.tolist() == i2.tolist()

@@ -43,7 +43,7 @@ schemas: $(STAMP) ## regenerate docs/events.schema.json from the event models
 bench: $(STAMP) ## end-to-end latency benchmark (writes bench/results/e2e_latency.json)
 	$(BIN)/python bench/e2e_latency.py
 
-bench-sim: $(STAMP) ## simulator tables + plots: openb fill (10 seeds), Muri, the whole Philly trace (about 25 min on 2 cores)
+bench-sim: $(STAMP) ## simulator tables + plots: openb fill (10 seeds), Muri, the whole Philly trace (about 15 min on 2 cores)
 	$(BIN)/python bench/sim_openb.py && $(BIN)/python bench/sim_muri.py --workers 2 && $(BIN)/python bench/sim_philly.py
 
 clean: ## remove the virtualenv and local state

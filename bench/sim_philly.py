@@ -2,7 +2,7 @@
 Tiresias, DRF and Kairos side by side -> bench/results/sim_philly.json (+ plots).
 
     python bench/sim_philly.py --limit 5000  # a stated prefix (by submit time)
-    python bench/sim_philly.py               # the whole trace, one run at a time (13 min)
+    python bench/sim_philly.py               # the whole trace, one run at a time (9 min)
 
 One run at a time, so that each policy's wall_s is its own (with --workers 2 each run
 shares the two cores with another and takes a quarter longer).

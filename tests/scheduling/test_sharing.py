@@ -116,3 +116,24 @@ def test_fgd_scores_survive_a_small_change_of_the_live_mix() -> None:
     assert len(mix) == 2 and memo  # 70 / 30, and fragmentation computed for the nodes seen
     sched.schedule(Snapshot(0.0, nodes, (), pending[1:]))  # 27 / 12 is still 70 / 30
     assert fgd.mix == mix and fgd.frag_memo is memo
+
+
+def test_a_live_mix_that_comes_back_resumes_its_memos_and_plans_as_a_fresh_scheduler() -> None:
+    """FGD's memos and the kept placement scores are stashed per workload mix: going
+    back to an earlier mix takes its memos back (same generation, so the same score
+    epoch), and the plan is the one a scheduler that never saw the other mix makes."""
+    from scheduling import SchedulerConfig, Snapshot
+
+    nodes = cluster(2)
+    pending = (*(job(f"w{k}").gpus(1).submit(k).build() for k in range(28)),
+               *(job(f"s{k}").share(compute_pct=50).submit(k).build() for k in range(12)))
+    other = pending[:14] + pending[28:]  # 14 / 12: about 55 / 45, another mix
+    sched = Scheduler(SchedulerConfig.preset("fgd"))
+    fgd = next(p for p in sched.plugins if p.name == "fgd")
+    sched.schedule(Snapshot(0.0, nodes, (), pending))
+    first, memo = (fgd.mix, fgd.generation), fgd.frag_memo
+    sched.schedule(Snapshot(0.0, nodes, (), other))
+    assert fgd.mix != first[0] and fgd.generation != first[1]
+    plan = sched.schedule(Snapshot(0.0, nodes, (), pending))
+    assert (fgd.mix, fgd.generation) == first and fgd.frag_memo is memo
+    assert plan == Scheduler(SchedulerConfig.preset("fgd")).schedule(Snapshot(0.0, nodes, (), pending))

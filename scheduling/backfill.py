@@ -20,9 +20,9 @@ from scheduling.placer import Placer
 from scheduling.state import BoolArray, ClusterState, IntArray
 
 MAX_TRIALS = 16  # full placement trials per reservation; cheap bounds screen the rest
-CHUNK = 64  # running jobs released at once while the head job cannot fit anyway
-_END_AND_ID = itemgetter(0, 1)
+CHUNK = 64  # most running jobs released at once while the head job cannot fit anyway
 MIN_LEFT_S = 60.0  # a job just started without an estimate is expected to run at least this
+_END_AND_ID = itemgetter(0, 1)
 
 
 def _could_fit(st: ClusterState, info: JobInfo) -> bool:

@@ -190,8 +190,7 @@ class Scheduler:
             else:
                 store.data[:, ri.slot] = ri.table_row()
         cycle.running = [r for r in runs if r.allocs]
-        cycle.run_cols = self._run_cols.gather(
-            np.fromiter(map(_SLOT, cycle.running), dtype=np.int64, count=len(cycle.running)))
+        cycle.run_cols = store.gather(np.fromiter(map(_SLOT, cycle.running), dtype=np.int64, count=len(cycle.running)))
         # each allocation's running job, as a position in cycle.running (-1: none)
         at = np.cumsum(counts > 0) - 1 if len(runs) else np.zeros(1, dtype=np.int64)
         cycle.alloc_run = np.where(owner >= 0, at[np.maximum(owner, 0)], -1)

@@ -13,6 +13,7 @@ import numpy as np
 
 from scheduling.framework import Cycle, JobInfo, Placing, Plugin
 from scheduling.model import Bind, GpuUse, TaskRequest
+from scheduling.stash import swap
 from scheduling.state import BoolArray, ClusterState, FloatArray, IntArray
 
 _NEG = -np.inf
@@ -46,11 +47,9 @@ class ScoreMemo:
             self.restart(states)
             self.epoch = epoch
         elif self.epoch != epoch:
-            if None not in self.epoch:
-                self.stash[self.epoch] = self.arrays
-            self.arrays = self.stash.pop(epoch, {})
-            while len(self.stash) > EPOCHS_KEPT:
-                del self.stash[next(iter(self.stash))]  # the least recently left
+            # leaving scores of one cycle only (None in the epoch: the stash was emptied then)
+            self.arrays = {} if None in self.epoch else swap(self.stash, self.epoch, self.arrays, epoch,
+                                                             EPOCHS_KEPT) or {}
             self.epoch = epoch
 
     def restart(self, states: object) -> None:

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from scheduling.framework import Cycle, Placing, Plugin, register
 from scheduling.model import GpuUse, JobRequest, TaskRequest, TaskShape
+from scheduling.stash import swap
 from scheduling.state import ClusterState, FloatArray, IntArray, NodeTable
 
 # (p, whole GPUs, per-GPU memory, per-GPU compute %, cpu, memory, allowed model codes or None)
@@ -171,10 +172,8 @@ class Fgd(Plugin):
         """A new mix: the old one's memos are stashed, the new one's taken back if kept
         (a live mix comes back often: jobs come and go around the rounding steps; on
         Philly 64 x 8 a few hundred mixes take turns over thousands of changes)."""
-        self._stash[self.mix] = (self.generation, self.frag_memo, self.canon_memo, self.delta, self.choice)
-        hit = self._stash.pop(mix, None)
-        while len(self._stash) > MIX_MEMOS:
-            del self._stash[next(iter(self._stash))]  # the least recently left
+        hit = swap(self._stash, self.mix, (self.generation, self.frag_memo, self.canon_memo, self.delta, self.choice),
+                   mix, MIX_MEMOS)
         self.mix = mix
         if hit is None:
             self._fresh_memo()

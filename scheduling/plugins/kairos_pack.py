@@ -33,6 +33,7 @@ from pydantic import BaseModel, Field
 
 from scheduling.framework import Cycle, Placing, register
 from scheduling.plugins.fgd import MIX_MEMOS, Fgd, FgdArgs, _Type
+from scheduling.stash import swap
 from scheduling.state import ClusterState, FloatArray, IntArray
 
 
@@ -83,19 +84,14 @@ class KairosPack(Fgd):
         self._for: tuple[_Type, ...] | None = None
         self.r = float("inf")
         self.values = [0.0] * 101
-        self._per_mix: dict[tuple[_Type, ...], tuple[float, list[float]]] = {}
+        self._per_mix: dict[tuple[_Type, ...] | None, tuple[float, list[float]]] = {}
 
     def open(self, cycle: Cycle) -> None:
         super().open(cycle)
         if self._for != self.mix:  # a new mix: so are these (kept per mix, as FGD's memos)
+            hit = swap(self._per_mix, self._for, (self.r, self.values), self.mix, MIX_MEMOS)
             self._for = self.mix
-            hit = self._per_mix.pop(self.mix, None)
-            if hit is None:
-                hit = (cpu_per_gpu(self.mix), hole_values(self.mix))
-            self._per_mix[self.mix] = hit  # the most recent last
-            while len(self._per_mix) > MIX_MEMOS + 1:
-                del self._per_mix[next(iter(self._per_mix))]
-            self.r, self.values = hit
+            self.r, self.values = hit if hit is not None else (cpu_per_gpu(self.mix), hole_values(self.mix))
 
     def share_cost(self, before_pct: int, after_pct: int) -> float:
         v = self.values

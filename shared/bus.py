@@ -14,18 +14,26 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalStateError,
+    KafkaConnectionError,
+    KafkaError,
+    TopicAlreadyExistsError,
+)
 from aiokafka.partitioner import murmur2
 from pydantic import ValidationError
 
 from shared import metrics
 from shared.config import CommonSettings
-from shared.errors import NonRetryable
+from shared.errors import EventTooLarge, NonRetryable, is_transient
 from shared.events import DeadLetter, Envelope, Event
 from shared.logging import get_logger
+from shared.retry import backoff_s, retry_transient
 from shared.topics import ALL_TOPICS, DEAD_LETTER, Topic, topic_for
 
 log = get_logger(__name__)
@@ -82,8 +90,10 @@ async def wait_for_broker(bootstrap: str, timeout_s: float = 60.0) -> None:
 class Producer:
     """Publishes events in their envelope to the topic the registry assigns."""
 
-    def __init__(self, bootstrap: str, source: str, linger_ms: int = 0) -> None:
+    def __init__(self, bootstrap: str, source: str, linger_ms: int = 0,
+                 max_event_bytes: int = 1_000_000) -> None:
         self.source = source
+        self.max_event_bytes = max_event_bytes
         self._producer = AIOKafkaProducer(
             bootstrap_servers=bootstrap,
             linger_ms=linger_ms,
@@ -103,15 +113,24 @@ class Producer:
         await self.publish_envelope(env, topic_for(event).name)
         return env
 
-    async def publish_envelope(self, env: Envelope, topic: str) -> None:
-        await self._producer.send_and_wait(topic, env.encode(), key=env.key.encode())
+    def encode(self, env: Envelope) -> bytes:
+        """The envelope's bytes, refused before any send when over the event limit (a
+        broker refuses it anyway, and a message that can never go must not block those
+        behind it)."""
+        return check_size(env, self.max_event_bytes)
+
+    async def publish_envelope(self, env: Envelope, topic: str,
+                               partition: int | None = None) -> None:
+        await self._producer.send_and_wait(topic, self.encode(env), key=env.key.encode(),
+                                           partition=partition)
         metrics.PUBLISHED.labels(self.source, topic).inc()
 
     async def publish_many(self, items: Sequence[tuple[Envelope, str]]) -> None:
         """Send a batch and wait for every acknowledgement (order kept per partition)."""
+        payloads = [self.encode(env) for env, _ in items]  # all checked before any send
         futures = [
-            await self._producer.send(topic, env.encode(), key=env.key.encode())
-            for env, topic in items
+            await self._producer.send(topic, value, key=env.key.encode())
+            for (env, topic), value in zip(items, payloads, strict=True)
         ]
         await asyncio.gather(*futures)
         for _, topic in items:
@@ -129,8 +148,22 @@ class Producer:
         """Partitions of ``topic`` as the broker has them."""
         return len(await self._producer.partitions_for(topic))
 
+    async def send_future(self, topic: str, key: str, value: bytes) -> asyncio.Future[Any]:
+        """Queue one stored message for sending; the future resolves on its ack (the
+        outbox relay sends a batch, then waits for all)."""
+        fut: asyncio.Future[Any] = await self._producer.send(topic, value, key=key.encode())
+        return fut
+
     async def send_raw(self, topic: str, key: bytes | None, value: bytes) -> None:
         await self._producer.send_and_wait(topic, value, key=key)
+
+
+def check_size(env: Envelope, limit: int) -> bytes:
+    data = env.encode()
+    if len(data) > limit:
+        raise EventTooLarge(f"{env.type} event {env.id} is {len(data)} bytes, over the "
+                            f"{limit}-byte event limit")
+    return data
 
 
 Handler = Callable[[Envelope, Event], Awaitable[None]]
@@ -239,11 +272,22 @@ class Consumer:
         return set(self._consumer.assignment()) if self._started else set()
 
     async def run(self) -> None:
-        """Consume until stopped. Offsets are committed after a whole batch is handled."""
+        """Consume until stopped. Offsets are committed after a whole batch is handled.
+        While PostgreSQL or the broker is away, the batch is retried (never dropped or
+        dead-lettered for it) and the loop lives on."""
+        idle_errors = 0
         while not self._stopping.is_set():
-            batch = await self._consumer.getmany(timeout_ms=200)
+            try:
+                batch = await self._consumer.getmany(timeout_ms=200)
+                idle_errors = 0
+            except (KafkaError, OSError) as exc:
+                idle_errors += 1  # the broker is away: aiokafka reconnects by itself
+                log.warning("fetch failed, retrying", group=self.options.group_id,
+                            error=repr(exc)[:200])
+                await asyncio.sleep(backoff_s(idle_errors))
+                continue
             if not batch:
-                await self._report_lag()
+                await self._watch_positions()
                 continue
             offsets: dict[TopicPartition, int] = {}
             records = [r for rs in batch.values() for r in rs]
@@ -253,14 +297,31 @@ class Consumer:
                 for record in records:
                     await self._handle_record(record)
             if self._on_batch_end is not None:
-                await self._on_batch_end()
+                await retry_transient(self._on_batch_end, f"{self._service}.batch_end")
             if self.options.commit:
-                await self._consumer.commit(offsets)
+                await self._commit(offsets)
+            await self._watch_positions()
+
+    async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
+        """A commit that fails only means the batch is read again (handlers are
+        idempotent): after a rebalance, or while the broker is away, go on."""
+        try:
+            await self._consumer.commit(offsets)
+        except (CommitFailedError, IllegalStateError, KafkaError, OSError) as exc:
+            log.warning("commit failed; the batch may be read again",
+                        group=self.options.group_id, error=repr(exc)[:200])
+
+    async def _watch_positions(self) -> None:
+        try:
             await self._report_lag()
+        except (KafkaError, OSError) as exc:
+            log.info("lag check failed", group=self.options.group_id, error=repr(exc)[:200])
 
     async def _report_lag(self, every_s: float = 1.0) -> None:
         """Lag per partition: highwater - position. The highwater comes with fetches; a
-        partition that has not returned data yet is asked for its end offset instead."""
+        partition that has not returned data yet is asked for its end offset instead.
+        A log that ends before our position is gone (a broker that came back empty, a
+        topic recreated): everything in it is new, so read it from its start."""
         now = time.monotonic()
         if now - self._lag_at < every_s:
             return
@@ -268,17 +329,27 @@ class Consumer:
         assigned = list(self._consumer.assignment())
         unknown = [tp for tp in assigned if self._consumer.highwater(tp) is None]
         ends = await self._consumer.end_offsets(unknown) if unknown else {}
+        positions = {tp: await self._consumer.position(tp) for tp in assigned}
+        behind = [tp for tp in assigned if (self._consumer.highwater(tp) or 0) < positions[tp]]
+        if behind:  # confirm with the broker: a highwater from a fetch may be stale
+            ends.update(await self._consumer.end_offsets(behind))
+            gone = [tp for tp in behind if ends[tp] < positions[tp]]
+            if gone:
+                for tp in gone:
+                    log.warning("partition log is gone (broker restarted empty?): reading "
+                                "it from the start", topic=tp.topic, partition=tp.partition,
+                                position=positions[tp], end=ends[tp])
+                    metrics.OFFSET_RESETS.labels(self._service, tp.topic).inc()
+                await self._consumer.seek_to_beginning(*gone)
+                return
         for tp in assigned:
             high = self._consumer.highwater(tp)
-            if high is None:
+            if high is None or tp in ends:
                 high = ends.get(tp)
             if high is None:
                 continue
-            pos = await self._consumer.position(tp)
             metrics.CONSUMER_LAG.labels(self._service, self.options.group_id, tp.topic,
-                                        str(tp.partition)).set(
-                max(0, high - pos)
-            )
+                                        str(tp.partition)).set(max(0, high - positions[tp]))
 
     @staticmethod
     def _decode(record: ConsumerRecord[bytes, bytes]) -> tuple[Envelope, Event]:
@@ -298,13 +369,19 @@ class Consumer:
                 items.append((env, event))
         if not items:
             return True
-        for attempt in range(1, self.settings.handler_retries + 2):
+        attempt = waits = 0
+        while attempt <= self.settings.handler_retries:
             started = time.perf_counter()
             try:
                 await self._batch_handler(items)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                if is_transient(exc):  # a dependency is away: wait, spend no retry
+                    waits += 1
+                    await self._wait_dependency(exc, waits)
+                    continue
+                attempt += 1
                 log.warning("batch handler failed", attempt=attempt, size=len(items),
                             error=repr(exc))
                 if isinstance(exc, NonRetryable):
@@ -320,6 +397,13 @@ class Consumer:
             return True
         return False
 
+    async def _wait_dependency(self, exc: BaseException, waits: int) -> None:
+        metrics.DEPENDENCY_WAITS.labels(f"{self._service}.handler").inc()
+        wait = backoff_s(waits)
+        log.warning("handler waits for an unavailable dependency", group=self.options.group_id,
+                    wait_s=round(wait, 2), error=repr(exc)[:300])
+        await asyncio.sleep(wait)
+
     async def _handle_record(self, record: ConsumerRecord[bytes, bytes]) -> None:
         topic = record.topic
         try:
@@ -331,7 +415,8 @@ class Consumer:
             metrics.MESSAGES.labels(self._service, topic, "duplicate").inc()
             return
         attempts = self.settings.handler_retries + 1
-        for attempt in range(1, attempts + 1):
+        attempt = waits = 0
+        while True:
             started = time.perf_counter()
             try:
                 await self._handler(env, event)
@@ -341,7 +426,12 @@ class Consumer:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                if attempt == attempts:
+                if is_transient(exc):  # a dependency is away: wait, spend no retry
+                    waits += 1
+                    await self._wait_dependency(exc, waits)
+                    continue
+                attempt += 1
+                if attempt >= attempts:
                     log.exception("handler failed permanently", event_id=env.id, topic=topic)
                     await self._dead_letter(record, "handler_failed", repr(exc)[:2000])
                     return
@@ -365,7 +455,8 @@ class Consumer:
             partition=record.partition,
             offset=record.offset,
             msg_key=record.key.decode(errors="replace") if record.key else None,
-            value=(record.value or b"").decode(errors="replace"),
+            # bounded: the letter itself must fit the event limit
+            value=(record.value or b"")[:65536].decode(errors="replace"),
             reason=reason,
             error=error,
             consumer_group=self.options.group_id,
@@ -374,7 +465,8 @@ class Consumer:
             log.warning("skipped a message another consumer dead-letters", topic=record.topic,
                         offset=record.offset, reason=reason, error=error[:200])
             return
-        await self._producer.publish(letter)
+        await retry_transient(lambda: self._producer.publish(letter),
+                              f"{self._service}.deadletter")
         metrics.DEADLETTERS.labels(self._service, record.topic, reason).inc()
         metrics.MESSAGES.labels(self._service, record.topic, "deadlettered").inc()
         log.warning("dead-lettered", topic=record.topic, offset=record.offset, reason=reason,

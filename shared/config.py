@@ -28,3 +28,9 @@ class CommonSettings(BaseSettings):
     handler_retries: int = 3
     retry_backoff_s: float = 0.2
     dedupe_window: int = 100_000
+    # the largest event any service publishes, checked before the send: below Kafka's
+    # default message.max.bytes (1 MiB), so production brokers take every event we make
+    max_event_bytes: int = 1_000_000
+    # how long published outbox rows are kept, so a broker that came back empty can be
+    # refilled from PostgreSQL (and how far back that refill goes)
+    outbox_replay_window_s: int = 24 * 3600

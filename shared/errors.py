@@ -15,3 +15,41 @@ class NonRetryable(KairosError):
 
 class DecodeError(NonRetryable):
     """The message is not a valid envelope or payload."""
+
+
+class EventTooLarge(NonRetryable):
+    """An event whose encoded size passes the bus limit: it can never be published."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True when ``exc`` says a dependency (PostgreSQL, the broker) is away for now, not
+    that the message or the request is wrong: the caller waits and tries again, without
+    spending the message's retries or dead-lettering it. Imports stay local so that
+    ``shared.errors`` has no driver dependency."""
+    import asyncpg
+    from aiokafka import errors as kafka
+    from sqlalchemy import exc as sa
+
+    if isinstance(exc, Retryable | OSError | TimeoutError | ConnectionError):
+        return True
+    if isinstance(exc, sa.DBAPIError):
+        # a lost or refused connection; a constraint violation is the caller's bug
+        return bool(exc.connection_invalidated) or isinstance(
+            exc, sa.OperationalError | sa.InterfaceError) or (
+            exc.orig is not None and is_transient(exc.orig))
+    if isinstance(exc, sa.TimeoutError | sa.DisconnectionError):
+        return True  # the pool waited for a connection that never came
+    if isinstance(exc, asyncpg.PostgresConnectionError | asyncpg.CannotConnectNowError
+                  | asyncpg.InterfaceError | asyncpg.AdminShutdownError
+                  | asyncpg.ConnectionDoesNotExistError):
+        return True
+    if isinstance(exc, kafka.KafkaError):
+        # the client says most trouble with a generic KafkaError ("unable to get cluster
+        # metadata"); only a message the broker can never take is permanent
+        return not isinstance(exc, kafka.MessageSizeTooLargeError | kafka.RecordTooLargeError
+                              | kafka.InvalidTopicError | kafka.UnsupportedVersionError
+                              | kafka.TopicAuthorizationFailedError
+                              | kafka.InvalidRequiredAcksError)
+    # only an explicit ``raise ... from`` (drivers wrap that way): an error raised while
+    # handling a transient one may be a plain bug
+    return exc.__cause__ is not None and is_transient(exc.__cause__)

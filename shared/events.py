@@ -496,6 +496,20 @@ class DeadLetter(Event):
         return self.topic
 
 
+class BrokerIncarnation(Event):
+    """The first message of a broker's log: written when the platform found the broker
+    empty (a fresh start, or one that came back without its log) and refilled it from
+    the outboxes. A new id tells every service that the log started over."""
+
+    TYPE: ClassVar[str] = "broker.incarnation"
+    incarnation: str
+    refilled: int = Field(default=0, description="outbox rows marked to publish again")
+    by: str = Field(default="", description="the service that found the broker empty")
+
+    def key(self) -> str:
+        return "broker"
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     m.TYPE: m
     for m in (
@@ -516,6 +530,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         QueueCommand,
         QueueStatus,
         DeadLetter,
+        BrokerIncarnation,
     )
 }
 

@@ -31,3 +31,22 @@ PUBLISHED = Counter(
 OUTBOX_PENDING = Gauge("kairos_outbox_pending", "Outbox rows written but not yet published")
 BUILD_INFO = Gauge("kairos_build_info", "Always 1; carries the running version",
                    ["service", "version"])
+DEPENDENCY_WAITS = Counter(
+    "kairos_dependency_waits_total",
+    "Retries while PostgreSQL or the broker was unavailable, by what was waiting",
+    ["what"],
+)
+OFFSET_RESETS = Counter(
+    "kairos_consumer_offset_resets_total",
+    "Partitions whose log was gone (a broker that came back empty): read from the start",
+    ["service", "topic"],
+)
+OUTBOX_DEADLETTERED = Counter(
+    "kairos_outbox_deadlettered_total",
+    "Outbox rows that could never be published, set aside with their reason",
+    ["source"],
+)
+BROKER_REFILLS = Counter(
+    "kairos_broker_refills_total",
+    "Times the broker was found empty and its topics refilled from the outbox",
+)

@@ -50,7 +50,8 @@ class ServiceRuntime:
         self.settings = settings
         configure_logging(settings.service_name, settings.log_level, settings.log_json)
         metrics.BUILD_INFO.labels(settings.service_name, _version()).set(1)
-        self.producer = Producer(settings.kafka_bootstrap, settings.service_name)
+        self.producer = Producer(settings.kafka_bootstrap, settings.service_name,
+                                 max_event_bytes=settings.max_event_bytes)
         self.engine: AsyncEngine | None = (
             make_engine(settings.database_url, pool_size=5) if use_db else None
         )
@@ -95,10 +96,17 @@ class ServiceRuntime:
         log.info("service started", port=self.settings.http_port)
         stop_wait = asyncio.create_task(self.stopping.wait())
         done, _ = await asyncio.wait([stop_wait, *self._tasks], return_when=asyncio.FIRST_COMPLETED)
+        failed = False
         for t in done:
-            if t is not stop_wait and t.exception() is not None:
-                log.error("a service loop died", error=repr(t.exception()))
+            if t is stop_wait or t.cancelled():
+                continue
+            failed = True  # a loop meant to run until stopped ended: restart the process
+            exc = t.exception()
+            log.error("a service loop ended; exiting for the supervisor to restart us",
+                      error=repr(exc) if exc is not None else "returned")
         await self.shutdown()
+        if failed:
+            raise SystemExit(1)
 
     async def shutdown(self, step_timeout_s: float = 5.0) -> None:
         """Stop loops, consumers, HTTP, producer and database in turn. Each step is

@@ -64,9 +64,15 @@ DEAD_LETTER = Topic(
     "Messages a consumer could not decode or handle, with the reason.",
 )
 
+BROKER = Topic(
+    "kairos.broker", "broker", 1, 365 * DAY_MS, (ev.BrokerIncarnation,),
+    "One message per broker log: written when the platform found the broker empty and "
+    "refilled it from the outboxes (shared.refill).",
+)
+
 ALL_TOPICS: tuple[Topic, ...] = (
     JOBS_SUBMITTED, JOBS_READY, JOBS_STATUS, JOBS_COMMANDS, BINDINGS,
-    NODES_LIFECYCLE, NODES_TELEMETRY, QUEUES_EVENTS, DEAD_LETTER,
+    NODES_LIFECYCLE, NODES_TELEMETRY, QUEUES_EVENTS, DEAD_LETTER, BROKER,
 )
 BY_NAME: dict[str, Topic] = {t.name: t for t in ALL_TOPICS}
 

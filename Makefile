@@ -21,6 +21,9 @@ install: $(STAMP) ## create the virtualenv and install Kairos with its dev tools
 run: $(STAMP) ## start the whole platform on embedded defaults (Ctrl-C stops it)
 	$(BIN)/kairos up $(if $(DEMO),--demo,)
 
+reset: $(STAMP) ## wipe the embedded stack's state
+	$(BIN)/kairos reset
+
 demo: $(STAMP) ## submit a mix of example jobs to a running platform
 	$(BIN)/kairos demo
 
@@ -49,4 +52,4 @@ bench-sim: $(STAMP) ## simulator tables + plots: openb fill (10 seeds), Muri, th
 clean: ## remove the virtualenv and local state
 	rm -rf $(VENV) .kairos
 
-.PHONY: help install tools run demo test test-deploy lint schemas bench bench-sim clean
+.PHONY: help install tools run reset demo test test-deploy lint schemas bench bench-sim clean

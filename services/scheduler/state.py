@@ -60,6 +60,9 @@ log = get_logger(__name__)
 TERMINAL = {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED}
 DEFAULT_GRACE_S = 30.0  # checkpoint grace when the core gives none (JobRequest's default)
 HELD_S = 10 * 365 * 86400.0  # a simulated interactive session runs until returned / its limit
+# Node losses are not the job's failures and do not spend its maxRetry; but a job whose
+# nodes keep dying under it may be what kills them, so this many losses fail it.
+MAX_NODE_LOSSES = 10
 
 
 @dataclass
@@ -113,6 +116,7 @@ class SchedJob:
     drain_requeue: bool = False  # stopping for a node drain: requeue without spending a retry
     requeues: int = 0  # attempts that a drain started again (not counted against maxRetry)
     reclaimed: str = ""  # queueing took its quota back: when stopped it returns to its queue
+    node_losses: int = 0  # attempts ended by a lost node (requeued, not counted as retries)
 
     def live(self) -> Iterator[Placed]:
         return (p for p in self.placed if p.state not in TERMINAL)
@@ -146,8 +150,13 @@ class Output:
     events: list[tuple[Envelope, str]] = field(default_factory=list)
     dirty_jobs: set[str] = field(default_factory=set)
     dirty_nodes: set[str] = field(default_factory=set)
+    # appended to fixed event ids: a resend within one epoch (the broker came back
+    # empty) needs ids of its own, or the outbox takes it for the first send
+    id_suffix: str = ""
 
     def emit(self, event: Event, source: str, event_id: str | None = None) -> None:
+        if event_id is not None:
+            event_id += self.id_suffix
         self.events.append((Envelope.wrap(event, source, event_id), topic_for(event).name))
 
 
@@ -308,6 +317,8 @@ class SchedulerState:
 
     def _on_cancel(self, cmd: JobCommand, out: Output) -> None:
         job = self.jobs.get(cmd.job_id)
+        if job is None and cmd.job_id in self.finished:
+            return  # it ended already: nothing to cancel (and its row stays as it ended)
         if job is None:
             self.jobs[cmd.job_id] = SchedJob(cmd.job_id, None, JobState.CANCELLED, 0,
                                              self._next_seq(), cancel_requested=True,
@@ -395,7 +406,11 @@ class SchedulerState:
             job.state = JobState.FAILED
             self._status(out, job, JobState.FAILED, TIME_LIMIT_REACHED)
 
-    def _retry_or_fail(self, job: SchedJob, out: Output, why: str, exit_code: int | None) -> None:
+    def _retry_or_fail(self, job: SchedJob, out: Output, why: str, exit_code: int | None,
+                       node_lost: bool = False) -> None:
+        """Start the job again with a new attempt, or fail it. Only the job's own failures
+        spend its maxRetry: an attempt ended by a preemption, a drain or a lost node is
+        requeued apart (``requeues``)."""
         assert job.ready is not None
         if job.reclaimed:  # back to its queue, which admits it again when quota allows
             if job.preempted_by:
@@ -406,15 +421,22 @@ class SchedulerState:
             self._status(out, job, JobState.PREEMPTED, job.reclaimed)
             self.needs_cycle = True
             return
+        not_its_fault = node_lost or job.drain_requeue or bool(job.preempted_by)
         if job.preempted_by:  # its tasks were already asked to stop
             self._status(out, job, JobState.PREEMPTED, f"preempted for {job.preempted_by}")
             job.preempted_by = ""
         else:
             self._stop_tasks(job, out, why)
-        if job.drain_requeue:  # a drain moved it: this attempt does not count
-            job.drain_requeue = False
+        job.drain_requeue = False
+        if node_lost:
+            job.node_losses += 1
+        if not_its_fault:  # preempted, drained or its node lost: this attempt does not count
             job.requeues += 1
-        if job.attempt - job.requeues <= job.ready.spec.max_retry:
+        if job.node_losses >= MAX_NODE_LOSSES:
+            job.state = JobState.FAILED
+            self._status(out, job, JobState.FAILED,
+                         f"{job.node_losses} nodes lost under it: {why}", exit_code=exit_code)
+        elif job.attempt - job.requeues <= job.ready.spec.max_retry:
             job.attempt += 1
             job.state = JobState.ADMITTED
             job.seq = self._next_seq()
@@ -444,7 +466,8 @@ class SchedulerState:
                     self._advance(job, JobStatus(job_id=job.job_id, state=JobState.FAILED,
                                                  reason="node lost", attempt=job.attempt), out)
                 else:
-                    self._retry_or_fail(job, out, f"node {ev.node_id} lost", None)
+                    self._retry_or_fail(job, out, f"node {ev.node_id} lost", None,
+                                        node_lost=True)
         self.needs_cycle = True
 
     # --- cordon / drain / uncordon ----------------------------------------------------
@@ -834,6 +857,11 @@ class SchedulerState:
                 self._publish_bindings(job, job.current(), out)
             if job.cancel_requested and any(True for _ in job.live()):
                 self._stop_tasks(job, out, "cancelled")
+            elif job.preempted_by and any(True for _ in job.live()):
+                # the stop a preemption or a drain sent may never have reached the agent
+                self._stop_tasks(job, out, f"preempted for {job.preempted_by}")
+            elif job.reclaimed and any(True for _ in job.live()):
+                self._stop_tasks(job, out, job.reclaimed, grace_s=DEFAULT_GRACE_S)
             elif job.state in (JobState.BOUND, JobState.RUNNING) and not job.preempted_by:
                 # resizes the agents may have missed: grown replicas not yet running,
                 # removed ones not yet stopped (agents do each once)
@@ -843,6 +871,15 @@ class SchedulerState:
                 if grown or stopping:
                     self._publish_resize(job, grown, stopping, "resent by a new leader",
                                          DEFAULT_GRACE_S, out)
+
+    def resend(self, out: Output) -> None:
+        """The broker came back empty: bindings are not refilled from the outbox (an old
+        one could start a finished task), so tell every node what it owns and send again
+        what agents may not have carried out yet. Agents handle each task once."""
+        self.republish(out)
+        for node_id, view in self.nodes.items():
+            if not view.lost:
+                self._reconcile_node(node_id, out, "resent after the broker restarted")
 
     def _status(self, out: Output, job: SchedJob, state: JobState, reason: str,
                 exit_code: int | None = None) -> None:
@@ -864,7 +901,8 @@ class SchedulerState:
                       "bound_at": job.bound_at, "preempted_by": job.preempted_by,
                       "targets": job.targets, "resizes": job.resizes,
                       "cancel_reason": job.cancel_reason, "drain_requeue": job.drain_requeue,
-                      "requeues": job.requeues, "reclaimed": job.reclaimed},
+                      "requeues": job.requeues, "reclaimed": job.reclaimed,
+                      "node_losses": job.node_losses},
         }
 
     def evict_finished(self) -> None:
@@ -887,5 +925,6 @@ class SchedulerState:
                        meta.get("resizes", 0), meta.get("cancel_reason", ""),
                        meta.get("drain_requeue", False), meta.get("requeues", 0))
         job.reclaimed = meta.get("reclaimed", "")
+        job.node_losses = meta.get("node_losses", 0)
         self.jobs[job.job_id] = job
         self._seq = max(self._seq, job.seq)

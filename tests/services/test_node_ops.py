@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -18,6 +19,7 @@ from services.admission.app import create_app
 from services.admission.settings import AdmissionSettings
 from services.scheduler.main import SchedulerService
 from services.scheduler.state import Output, SchedulerState
+from shared.config import CommonSettings
 from shared.db import make_engine
 from shared.events import (
     Binding,
@@ -162,7 +164,8 @@ def test_a_re_registering_agent_keeps_its_node_cordoned() -> None:
 async def test_cordon_and_drain_survive_a_leader_failover(db_url: str) -> None:
     engine = make_engine(db_url, pool_size=2)
     try:
-        first = SchedulerService(None, engine, new_state(epoch=1))  # type: ignore[arg-type]
+        rt = SimpleNamespace(producer=None, settings=CommonSettings(database_url=db_url))
+        first = SchedulerService(rt, engine, new_state(epoch=1))  # type: ignore[arg-type]
         first.state.handle(ready("A").gpus(8).build(), first.out)
         first.state.cycle(0.0, first.out)
         where = node_of(first.state, "A")
@@ -172,7 +175,7 @@ async def test_cordon_and_drain_survive_a_leader_failover(db_url: str) -> None:
         out, first.out = first.out, Output()
         await first.persist(out)
 
-        nxt = SchedulerService(None, engine, SchedulerState(  # type: ignore[arg-type]
+        nxt = SchedulerService(rt, engine, SchedulerState(  # type: ignore[arg-type]
             epoch=2, placer=Scheduler(SchedulerConfig.preset("default")).schedule))
         await nxt.load()
         views = nxt.state.nodes

@@ -243,7 +243,7 @@ async def test_an_admin_change_goes_through_queueing_and_back(db_url: str, broke
             queueing.handle, producer, batch_handler=queueing.handle_batch),
         Consumer(settings, ConsumerOptions(f"admission-{tag}", [QUEUES_EVENTS.name]),
                  read_model, producer)]
-    relay = OutboxRelay(engine, producer, db_url, timedelta(hours=1))
+    relay = OutboxRelay(engine, producer, db_url, timedelta(hours=1), source="admission")
     tasks = []
     try:
         await queueing.start(specs)  # announces its queues to the read model

@@ -116,11 +116,14 @@ class Recording:
 
     def __init__(self, producer: Producer) -> None:
         self.producer = producer
+        self.source = producer.source
+        self.max_event_bytes = producer.max_event_bytes
         self.sent: list[Envelope] = []
 
-    async def publish_many(self, events: list[tuple[Envelope, str]]) -> None:
-        self.sent += [env for env, _ in events]
-        await self.producer.publish_many(events)
+    async def send_future(self, topic: str, key: str, value: bytes) -> asyncio.Future[Any]:
+        """What the scheduler's outbox relay sends."""
+        self.sent.append(Envelope.decode(value))
+        return await self.producer.send_future(topic, key, value)
 
 
 def auth(token: str) -> dict[str, str]:
@@ -140,7 +143,8 @@ async def test_the_gateway_shows_why_an_admitted_job_waits_for_gpus(db_url: str,
     producer = Producer(broker, "test")
     await producer.start()
     recording = Recording(producer)
-    sched = SchedulerService(SimpleNamespace(producer=recording), engine, core())  # type: ignore[arg-type]
+    sched = SchedulerService(SimpleNamespace(producer=recording, settings=CommonSettings(  # type: ignore[arg-type]
+        database_url=db_url)), engine, core())
 
     async def read_model(env: Envelope, ev: Event) -> None:
         await store.apply_events(engine, [(env, ev)])

@@ -334,7 +334,9 @@ def up(
     try:
         stack.start()
         PROFILE.parent.mkdir(parents=True, exist_ok=True)
-        PROFILE.write_text(json.dumps({"url": stack.url, "token": stack.token}))
+        PROFILE.write_text(json.dumps({"url": stack.url, "token": stack.token,
+                                       "kafka_bootstrap": stack.kafka_bootstrap,
+                                       "database_url": stack.database_url}))
         monitor = stack.proc("monitor")
         console.print(f"[bold green]Kairos is up[/]  gateway: {stack.url}  (docs: {stack.url}/docs)")
         console.print(f"token: [bold]{stack.token}[/]   (saved in {PROFILE} for the CLI)")
@@ -368,7 +370,7 @@ def reset() -> None:
     console.print("embedded state wiped")
 
 
-from kairos import cli_env, cli_logs, cli_nodes, cli_queues, cli_watch  # noqa: E402,F401  (they register on app)
+from kairos import cli_admin, cli_env, cli_logs, cli_nodes, cli_queues, cli_watch  # noqa: E402,F401  (they register on app)
 
 if __name__ == "__main__":
     app()

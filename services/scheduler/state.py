@@ -604,9 +604,12 @@ class SchedulerState:
                     terminating=not current or bool(job.preempted_by) or job.cancel_requested))
         for key in self._allocs.keys() - live_keys:
             del self._allocs[key]
+        # a retry waits until its last attempt's tasks have stopped: a job never runs in
+        # two places (a stopping task may run on through its checkpoint grace)
         pending = tuple(
             self._request(j) for j in sorted(
-                (j for j in self.jobs.values() if j.state is JobState.ADMITTED),
+                (j for j in self.jobs.values() if j.state is JobState.ADMITTED
+                 and not any(p.attempt < j.attempt for p in j.live())),
                 key=lambda j: j.seq)
         )
         if len(self._requests) > 4 * (len(self.jobs) + 64):  # forget ended jobs' requests
@@ -830,9 +833,11 @@ class SchedulerState:
         return (view.inventory.address or node_id) if view else node_id
 
     def _stop_tasks(self, job: SchedJob, out: Output, reason: str,
-                    grace_s: float = 30.0) -> None:
+                    grace_s: float = 30.0, older_only: bool = False) -> None:
         by_node: dict[tuple[str, int], list[Placed]] = {}
         for p in job.live():
+            if older_only and p.attempt >= job.attempt:
+                continue
             by_node.setdefault((p.node_id, p.attempt), []).append(p)
         for (node_id, attempt), placed in by_node.items():
             out.emit(Binding(
@@ -853,6 +858,11 @@ class SchedulerState:
                              job_id="", reason="new leader"), self.SOURCE,
                      event_id=f"fence-{node_id}-e{self.epoch}")
         for job in self.jobs.values():
+            if any(p.attempt < job.attempt for p in job.live()):
+                # the stop of a retried attempt's tasks may never have reached its agent,
+                # and the retry waits for them
+                self._stop_tasks(job, out, "an older attempt of a retried job",
+                                 grace_s=DEFAULT_GRACE_S, older_only=True)
             if job.state is JobState.BOUND and not job.cancel_requested:
                 self._publish_bindings(job, job.current(), out)
             if job.cancel_requested and any(True for _ in job.live()):

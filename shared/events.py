@@ -92,6 +92,9 @@ TIME_LIMIT_REACHED = "time limit reached"
 # The cancel reason of an interactive environment handed back by its user; the job ends
 # cancelled with it.
 RETURNED = "returned"
+# the reason's prefix of a task an agent stopped (or did not start) because it could not
+# renew its lease: its node is as good as lost, and the job is not to blame
+FENCED = "fenced"
 
 
 class Connection(BaseModel):

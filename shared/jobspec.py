@@ -3,6 +3,14 @@
 Field names are camelCase on the wire (``minAvailable``, ``gpuMemory``) and snake_case
 in Python. Unknown fields are refused so that a typo gets a 422 naming the field
 instead of being silently ignored.
+
+Every value is bounded, so that what admission accepts every other service can hold:
+at most ``MAX_TASKS`` tasks and ``MAX_TOTAL_REPLICAS`` replicas (elastic tasks at
+maxReplicas), finite numbers (PostgreSQL's jsonb has no NaN or Infinity), durations
+within a year, no NUL in any string (neither jsonb, nor a process's argv or environment
+holds one) and environment variable names a process environment accepts. Other text
+(commands, environment values, labels) is kept verbatim: a command is an argv list,
+never run through a shell.
 """
 
 from __future__ import annotations
@@ -11,15 +19,38 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+MAX_TASKS = 64
+MAX_TOTAL_REPLICAS = 4096
+MAX_SECONDS = 31_536_000  # a year: timeLimit, duration, runtimeEstimate
+
+
+def _no_nul(v: str) -> str:
+    if "\x00" in v:
+        raise ValueError("must not contain NUL (\\u0000)")
+    return v
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]
+# Kubernetes' rule for environment variable names; "=" or NUL would make the launch fail
+EnvName = Annotated[str, Field(min_length=1, max_length=255,
+                               pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")]
 
 
 class _Spec(BaseModel):
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True,
+        allow_inf_nan=False,
     )
 
 
@@ -49,15 +80,15 @@ class Resources(_Spec):
 
 class TaskSpec(_Spec):
     name: Annotated[str, Field(min_length=1, max_length=63)]
-    role: str | None = Field(default=None, description="ps, worker, chief...; defaults to name")
+    role: Text | None = Field(default=None, description="ps, worker, chief...; defaults to name")
     replicas: Annotated[int, Field(ge=1, le=1024)] = 1
     min_replicas: Annotated[int | None, Field(
         ge=1, le=1024, description="elastic: fewest replicas the job runs with")] = None
     max_replicas: Annotated[int | None, Field(
         ge=1, le=1024, description="elastic: most replicas the job grows to")] = None
-    image: str = "kairos/simulated:latest"
-    command: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    image: Text = "kairos/simulated:latest"
+    command: list[Text] = Field(default_factory=list, description="argv: run as is, no shell")
+    env: dict[EnvName, Text] = Field(default_factory=dict)
     resources: Resources = Field(default_factory=Resources)
 
     @field_validator("name")
@@ -113,17 +144,18 @@ class JobSpec(_Spec):
     priority: Annotated[int, Field(ge=-1000, le=1000, description="user priority")] = 0
     min_available: Annotated[int | None, Field(ge=1)] = None
     max_retry: Annotated[int, Field(ge=0, le=100)] = 3
-    time_limit: Annotated[int | None, Field(ge=1, description="seconds")] = None
+    time_limit: Annotated[int | None, Field(ge=1, le=MAX_SECONDS, description="seconds")] = None
     duration: Annotated[
-        float | None, Field(ge=0, le=31_536_000, description="simulated run length, seconds")
+        float | None, Field(ge=0, le=MAX_SECONDS, description="simulated run length, seconds")
     ] = None
-    runtime_estimate: Annotated[float | None, Field(ge=0, description="seconds")] = None
+    runtime_estimate: Annotated[float | None, Field(ge=0, le=MAX_SECONDS,
+                                                    description="seconds")] = None
     preemptible: bool = True
     dataset: Annotated[str | None, Field(
         max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$",
         description="the dataset it reads: nodes whose local cache holds it are preferred")] = None
-    labels: dict[str, str] = Field(default_factory=dict)
-    tasks: Annotated[list[TaskSpec], Field(min_length=1, max_length=64)]
+    labels: dict[Text, Text] = Field(default_factory=dict)
+    tasks: Annotated[list[TaskSpec], Field(min_length=1, max_length=MAX_TASKS)]
 
     @field_validator("name", "queue")
     @classmethod
@@ -131,6 +163,15 @@ class JobSpec(_Spec):
         if not NAME_RE.match(v):
             raise ValueError("must be lowercase letters, digits and '-' (a DNS label)")
         return v
+
+    @field_validator("tasks")
+    @classmethod
+    def _bounded(cls, tasks: list[TaskSpec]) -> list[TaskSpec]:
+        most = sum(t.most_replicas for t in tasks)
+        if most > MAX_TOTAL_REPLICAS:
+            raise ValueError(f"the job has {most} replicas (elastic tasks at maxReplicas); "
+                             f"a job has at most {MAX_TOTAL_REPLICAS}")
+        return tasks
 
     @field_validator("api_version")
     @classmethod

@@ -21,4 +21,5 @@ async def accept(request: Request, caller: Principal, spec: JobSpec,
     await policy.check_submit(request.app, spec)
     await check_queue(request.app.state.engine, spec.queue, caller, spec)
     return await store.insert_job(request.app.state.engine, spec, caller.tenant, caller.user,
-                                  idempotency_key)
+                                  idempotency_key,
+                                  max_event_bytes=request.app.state.settings.max_event_bytes)

@@ -13,7 +13,6 @@ import time
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
-import yaml
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -22,9 +21,11 @@ from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission import cursor as page_cursor
-from services.admission import openapi_errors, ratelimit, store, tokens
+from services.admission import openapi_errors, ratelimit, spec_body, store, tokens
 from services.admission.accept import accept
 from services.admission.auth import Principal, authenticate, require_admin
+from services.admission.db_errors import DatabaseErrors
+from services.admission.limits import BodyLimit
 from services.admission.node_health import GpuHealthOut
 from services.admission.routes_environments import router as environments_router
 from services.admission.routes_jobs_stream import router as jobs_stream_router
@@ -169,11 +170,8 @@ def _token_out(row: dict[str, Any]) -> TokenOut:
 
 
 def _validation_detail(exc: ValidationError) -> list[dict[str, Any]]:
-    return [
-        {"field": ".".join(str(p) for p in err["loc"]) or "(body)", "message": err["msg"],
-         "type": err["type"]}
-        for err in exc.errors(include_url=False, include_context=False)
-    ]
+    return openapi_errors.field_errors(
+        exc.errors(include_url=False, include_context=False, include_input=False))
 
 
 def _job_out(row: dict[str, Any], detail: bool = False) -> JobOut:
@@ -190,16 +188,9 @@ def _job_out(row: dict[str, Any], detail: bool = False) -> JobOut:
 
 
 async def _read_spec(request: Request) -> JobSpec:
-    raw = await request.body()
+    raw = await request.body()  # the body limit (limits.BodyLimit) holds it to its size
     ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
-    try:
-        if ctype in ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml"):
-            data = yaml.safe_load(raw)
-        else:
-            data = json.loads(raw or b"null")
-    except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HTTPException(status.HTTP_400_BAD_REQUEST,
-                            detail=f"body is not valid {ctype}: {exc}") from exc
+    data = await spec_body.decode(raw, ctype, request.app.state.settings.max_request_bytes)
     if not isinstance(data, dict):
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=[
             {"field": "(body)", "message": "a job spec must be a mapping", "type": "dict_type"}])
@@ -219,6 +210,11 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
     app.state.settings = settings
     app.state.engine = engine
     add_ops_routes(app, ready)
+    # each added middleware wraps those before it: _measure > BodyLimit >
+    # DatabaseErrors > the routes. So _measure counts every answer, 413 and 503
+    # included, and an oversized body is refused before anything reads the database.
+    app.add_middleware(DatabaseErrors, retry_after_s=settings.db_retry_after_s)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
 
     @app.middleware("http")
     async def _measure(request: Request, call_next: Any) -> Any:
@@ -232,9 +228,8 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(status_code=422, content={"detail": [
-            {"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"], "type": e["type"]}
-            for e in exc.errors()]})
+        return JSONResponse(status_code=422,
+                            content={"detail": openapi_errors.field_errors(exc.errors())})
 
     @app.post("/v1/jobs", status_code=201, response_model=JobOut,
               openapi_extra={"requestBody": {"required": True, "content": {

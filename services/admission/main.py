@@ -13,6 +13,7 @@ from shared.bus import Consumer, ConsumerOptions
 from shared.events import Envelope, Event
 from shared.http import HttpServer
 from shared.outbox import OutboxRelay
+from shared.refill import BrokerWatch
 from shared.service import ServiceRuntime
 from shared.topics import (
     BINDINGS,
@@ -49,6 +50,7 @@ async def main(settings: AdmissionSettings | None = None) -> None:
     relay = OutboxRelay(engine, rt.producer, settings.database_url,
                         timedelta(seconds=settings.outbox_replay_window_s))
     rt.add_loop(relay.run)
+    rt.add_loop(BrokerWatch(settings, engine, rt.producer).run)
     app = create_app(settings, engine, rt.ready)
     await rt.run(HttpServer(app, settings.http_host, settings.http_port))
 

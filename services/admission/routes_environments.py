@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.admission import ratelimit, store
 from services.admission.accept import accept
 from services.admission.auth import Principal, authenticate
+from services.admission.openapi_errors import field_errors
 from shared.events import RETURNED, CommandAction, Connection, JobCommand, JobState
 from shared.jobspec import JobSpec, PriorityClass, parse_job_spec
 from shared.outbox import add_to_outbox
@@ -135,8 +136,8 @@ def _env_out(row: dict[str, Any]) -> EnvironmentOut:
 
 
 def _validation_detail(exc: ValidationError) -> list[dict[str, Any]]:
-    return [{"field": ".".join(str(p) for p in e["loc"]) or "(body)", "message": e["msg"],
-             "type": e["type"]} for e in exc.errors(include_url=False, include_context=False)]
+    return field_errors(exc.errors(include_url=False, include_context=False,
+                                   include_input=False))
 
 
 async def _visible(engine: AsyncEngine, env_id: str, caller: Principal) -> dict[str, Any]:

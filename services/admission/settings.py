@@ -13,8 +13,12 @@ class AdmissionSettings(CommonSettings):
     service_name: str = "admission"
     http_port: int = 8000
     dev_token: str = ""  # the embedded stack sets one; empty = no development token
-    outbox_replay_window_s: int = 24 * 3600
     max_page_size: int = 500
+    # every request's body, on every route (limits.BodyLimit): larger is 413. A job spec's
+    # YAML aliases, expanded, are held to it too (spec_body)
+    max_request_bytes: int = Field(default=1024 * 1024, ge=1)
+    # the Retry-After of a 503 while PostgreSQL is unreachable (db_errors)
+    db_retry_after_s: int = Field(default=2, ge=1)
     # --- admission policy and job operations (routes_jobs_stream, routes_usage, policy) ---
     # per-tenant submit rate limit, a token bucket shared by every replica (PostgreSQL):
     # `submit_rate_per_s` refills, up to `submit_burst`; 0 turns the limit off. Lenient by

@@ -34,7 +34,7 @@ from shared.events import (
     utcnow,
 )
 from shared.jobspec import JobSpec
-from shared.outbox import add_to_outbox
+from shared.outbox import DEFAULT_MAX_EVENT_BYTES, add_to_outbox
 
 # Forward order of a job's life; a report never moves a job backwards within one attempt.
 _RANK = {
@@ -68,7 +68,8 @@ def new_job_id() -> str:
 
 
 async def insert_job(
-    engine: AsyncEngine, spec: JobSpec, tenant: str, user: str, idempotency_key: str | None
+    engine: AsyncEngine, spec: JobSpec, tenant: str, user: str, idempotency_key: str | None,
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
 ) -> tuple[dict[str, Any], bool]:
     """Store the job and its jobs.submitted event in one transaction.
 
@@ -109,6 +110,7 @@ async def insert_job(
                          submitted_at=now),
             "admission",
             event_id=f"submitted-{job_id}",
+            max_bytes=max_event_bytes,  # over it: EventTooLarge, a 413, nothing written
         )
         return dict(row), True
 

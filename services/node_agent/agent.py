@@ -4,11 +4,20 @@ Bindings are idempotent (a task is keyed by job/task/attempt and started once) a
 fenced (a binding from a lower scheduler epoch than one already seen is refused).
 A ``resize`` binding stops the replicas it names (checkpoint signal, grace period,
 kill) and starts the new ones; the job's other tasks are not touched.
+
+The agent holds a lease (``lease.py``), renewed by every heartbeat the broker
+acknowledges. Expired, the agent fences itself: it stops every task (a short grace,
+then a kill), starts nothing, and reports each task ``failed`` with a ``fenced:``
+reason, so no job runs in two places once the monitor declares the node lost. The
+lease is checked first at every entry (a binding, an exit, a timer, a heartbeat), so
+after a pause the gap is noticed before anything that piled up during it is carried out
+or reported. Reports that cannot be published wait in the outbox (``outbox.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -19,6 +28,8 @@ from services.node_agent.datasets import DatasetCache
 from services.node_agent.devices.base import DeviceBackend, GpuSample
 from services.node_agent.devices.simulated import SimulatedDevices
 from services.node_agent.interactive import allocate, session_env
+from services.node_agent.lease import Lease
+from services.node_agent.outbox import Outbox
 from services.node_agent.rendezvous import rendezvous_env
 from services.node_agent.runtimes.base import (
     GpuGrant,
@@ -29,6 +40,7 @@ from services.node_agent.runtimes.base import (
 )
 from services.node_agent.shares import SHARE_EXCEEDED, ShareEnforcement, ShareLimits
 from shared.events import (
+    FENCED,
     TIME_LIMIT_REACHED,
     Binding,
     BindingAction,
@@ -49,6 +61,7 @@ from shared.logging import get_logger
 
 log = get_logger(__name__)
 Publish = Callable[[Event, str | None], Awaitable[None]]
+FENCE_GRACE_S = 1.0  # the checkpoint signal's grace when fenced: the lost-node timeout is near
 
 
 @dataclass
@@ -65,7 +78,7 @@ class NodeAgent:
     def __init__(self, inventory: NodeInventory, devices: DeviceBackend,
                  runtime_factory: Callable[[Callable[[TaskExit], Awaitable[None]]], Runtime],
                  publish: Publish, state_dir: str = "", *, shares: ShareLimits | None = None,
-                 datasets: DatasetCache | None = None) -> None:
+                 datasets: DatasetCache | None = None, lease: Lease | None = None) -> None:
         self.inventory = inventory
         self.node_id = inventory.node_id
         self.devices = devices
@@ -78,6 +91,18 @@ class NodeAgent:
         self._done: OrderedDict[str, None] = OrderedDict()  # keys that ran; never start again
         self._epoch_file = Path(state_dir, self.node_id, "epoch") if state_dir else None
         self.max_epoch = self._load_epoch()
+        self.lease = lease or Lease(math.inf)  # none given: never fenced (unit tests)
+        # a restart after the lease ran out: the scheduler may have placed our tasks
+        # elsewhere, so what reconcile() finds is stopped, not adopted
+        self._lapsed_while_down = self.lease.expired()
+        self.fenced: str | None = None  # why, while fenced
+        self.needs_register = False  # the fence was lifted: register again
+        # bindings sent before this (wall clock) are not started: they piled up while the
+        # node was fenced or unheard, and the scheduler may have placed them elsewhere
+        self._fenced_before = 0.0
+        self.outbox = Outbox(Path(state_dir, self.node_id, "outbox") if state_dir else None)
+        self._flusher: asyncio.Task[None] | None = None
+        self._stopping: set[asyncio.Task[None]] = set()
 
     def _load_epoch(self) -> int:
         if self._epoch_file and self._epoch_file.exists():
@@ -89,11 +114,105 @@ class NodeAgent:
             self._epoch_file.parent.mkdir(parents=True, exist_ok=True)
             self._epoch_file.write_text(str(self.max_epoch))
 
-    async def handle(self, b: Binding) -> None:
+    # --- the lease ----------------------------------------------------------------------
+
+    def check_lease(self) -> bool:
+        """True while the lease is live; an expired one fences the agent now. Called
+        before anything is carried out or reported: after a pause (the monotonic clock
+        jumped past the lease) the fence comes first."""
+        if self.fenced is None and self.lease.expired():
+            self._fence(f"lease not renewed for {self.lease.age():.1f}s (fence_after_s="
+                        f"{self.lease.fence_after_s:g}): the node may be declared lost and "
+                        "its tasks placed elsewhere")
+        return self.fenced is None
+
+    def _fence(self, why: str) -> None:
+        self.fenced = why
+        log.warning("fenced: stopping every task, starting none", node=self.node_id,
+                    reason=why, tasks=len(self._tasks))
+        self._stop_all(why)
+
+    def _stop_all(self, why: str) -> None:
+        """Stop every task now (short grace, then kill); each is reported fenced unless
+        the scheduler had already asked for its stop. In the background: a report that
+        waits on the broker must not hold up the kill."""
+        for key, rec in self._tasks.items():
+            if rec.stop_state is None:
+                rec.stop_state, rec.stop_reason = JobState.FAILED, f"{FENCED}: {why}"
+            self._kill_soon(key, why)
+
+    def _kill_soon(self, key: str, why: str) -> None:
+        async def kill() -> None:
+            try:
+                await self.runtime.stop(key, FENCE_GRACE_S, reason=FENCED, message=why)
+            except Exception:
+                log.exception("a fenced task could not be stopped", node=self.node_id, task=key)
+
+        task = asyncio.create_task(kill())
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+
+    def renewed(self, sent_at: float) -> None:
+        """A heartbeat sent at ``sent_at`` (monotonic) was acknowledged by the broker."""
+        self.check_lease()  # a gap is noticed before this renewal can hide it
+        self.lease.renew(sent_at)
+        if self.fenced is not None and not self.lease.expired():
+            log.info("lease renewed: fence lifted, registering again", node=self.node_id,
+                     was=self.fenced)
+            self.fenced = None
+            self._fenced_before = time.time()
+            self.needs_register = True  # the scheduler's reconcile says what we still own
+        if self.outbox:
+            self._flush_soon()
+
+    async def _send(self, event: Event, event_id: str | None) -> bool:
+        """Publish a report, or keep it in the outbox (in order) until it can be: while
+        fenced, while earlier ones wait, or when the broker does not take it. True when
+        it is safe, published or kept on disk: the runtime may forget the exit."""
+        if self.check_lease() and not self.outbox:
+            try:
+                await self._publish(event, event_id)
+                return True
+            except Exception as exc:
+                log.warning("report not published: kept until the broker takes it",
+                            node=self.node_id, kind=event.TYPE, error=repr(exc))
+        self.outbox.put(event, event_id)
+        if self.fenced is None:
+            self._flush_soon()
+        return self.outbox.durable
+
+    def _flush_soon(self) -> None:
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
+
+    async def _flush(self) -> None:
+        while self.outbox and self.check_lease():
+            event, event_id = self.outbox.head()
+            try:
+                await self._publish(event, event_id)
+            except Exception as exc:  # the next renewal tries again
+                log.warning("pending reports still not published", node=self.node_id,
+                            pending=len(self.outbox), error=repr(exc))
+                return
+            self.outbox.pop()
+
+    # --- bindings ---------------------------------------------------------------------
+
+    def _refusal(self, sent_at: float | None) -> str | None:
+        """Why a binding may not start tasks here, if it may not."""
+        if not self.check_lease():
+            return self.fenced
+        if sent_at is not None and sent_at < self._fenced_before:
+            return "sent before this node's fence was lifted"  # a pause's backlog
+        return None
+
+    async def handle(self, b: Binding, sent_at: float | None = None) -> None:
+        """``sent_at``: when the scheduler sent it (wall clock), where known."""
+        refused = self._refusal(sent_at)  # after a pause, the fence comes first
         if b.epoch < self.max_epoch:
             log.warning("binding from a stale scheduler refused", binding=b.binding_id,
                         epoch=b.epoch, current=self.max_epoch)
-            await self._publish(BindingRefused(
+            await self._send(BindingRefused(
                 job_id=b.job_id, node_id=self.node_id, binding_id=b.binding_id,
                 reason="stale_epoch", epoch=b.epoch, current_epoch=self.max_epoch),
                 f"refused-{b.binding_id}-e{b.epoch}")
@@ -103,14 +222,14 @@ class NodeAgent:
             self._save_epoch()
         if b.action is BindingAction.ALLOCATE:
             for t in b.tasks:
-                await self._start(b, t)
+                await self._start(b, t, refused)
         elif b.action is BindingAction.STOP:
             stop_state = (JobState.PREEMPTED if b.reason.startswith("preempt")
                           else JobState.CANCELLED)
             for t in b.tasks:
                 await self._stop(b, t.task_id, stop_state)
         elif b.action is BindingAction.RESIZE:
-            await self._resize(b)
+            await self._resize(b, refused)
         elif b.action is BindingAction.RECONCILE:
             await self._reconcile_owned(b)
 
@@ -134,7 +253,7 @@ class NodeAgent:
         for key in sorted(owned - self._tasks.keys() - self._done.keys()):
             job_id, task_id, attempt = key.split("/")
             self._remember(key)
-            await self._publish(JobStatus(
+            await self._send(JobStatus(
                 job_id=job_id, state=JobState.FAILED, attempt=int(attempt), task=task_id,
                 reason="lost: not running on this node (the agent restarted or never got "
                 "its binding)", node_id=self.node_id, epoch=b.epoch), f"failed-{key}")
@@ -148,7 +267,7 @@ class NodeAgent:
         rec.stop_state, rec.stop_reason = JobState.FAILED, f"{SHARE_EXCEEDED}: {message}"
         await self.runtime.stop(key, grace_s, reason=reason, message=message)
 
-    async def _resize(self, b: Binding) -> None:
+    async def _resize(self, b: Binding, refused: str | None = None) -> None:
         """Stop the removed replicas (together: each gets the grace period), then start
         the added ones. A redelivery does nothing twice: a stopped or stopping task is
         not signalled again, a started one not started again."""
@@ -160,12 +279,21 @@ class NodeAgent:
             await asyncio.gather(*(self._stop(b, tid, JobState.CANCELLED, "resized")
                                    for tid in stops))
         for t in b.tasks:
-            await self._start(b, t)
+            await self._start(b, t, refused)
 
-    async def _start(self, b: Binding, t: TaskBinding) -> None:
+    async def _start(self, b: Binding, t: TaskBinding, refused: str | None = None) -> None:
         key = f"{b.job_id}/{t.task_id}/{b.attempt}"
         if key in self._tasks or key in self._done:
             return  # a redelivered binding: started once already
+        if refused is not None:  # and said so: the scheduler places it again
+            self._remember(key)
+            log.warning("fenced: binding not carried out", node=self.node_id, task=key,
+                        reason=refused)
+            await self._send(JobStatus(
+                job_id=b.job_id, state=JobState.FAILED, attempt=b.attempt, task=t.task_id,
+                reason=f"{FENCED}: not started: {refused}", node_id=self.node_id,
+                epoch=b.epoch), f"failed-{key}")
+            return
         # a runtime that names its tasks (Kubernetes: each Pod's DNS name on the Pod
         # network) gives the gang its addresses; others run on the node's address
         peer_host = getattr(self.runtime, "peer_host", None)
@@ -194,6 +322,8 @@ class NodeAgent:
             return
         if launch.key not in self._tasks:
             return  # the runtime knew it had already ended (a restart): reported that
+        if self.fenced is not None:  # fenced while it started: it was marked, not stopped
+            self._kill_soon(launch.key, self.fenced)
         self._load(launch, +1)
         self.shares.started(launch, self._gpu_memory)
         if b.time_limit_s:
@@ -204,6 +334,7 @@ class NodeAgent:
     async def _expire(self, key: str, limit_s: float, grace_s: float) -> None:
         """The spec's timeLimit: stop the task (signal, grace, kill) and say why."""
         await asyncio.sleep(limit_s)
+        self.check_lease()
         rec = self._tasks.get(key)
         if rec is None or rec.stop_state is not None:
             return
@@ -219,7 +350,7 @@ class NodeAgent:
         if rec is None:
             if key not in self._done:  # never started here: nothing to stop, say so
                 self._remember(key)
-                await self._publish(JobStatus(
+                await self._send(JobStatus(
                     job_id=b.job_id, state=state,
                     reason=f"{why}: stopped before start: {b.reason}",
                     attempt=b.attempt, task=task_id, node_id=self.node_id, epoch=b.epoch),
@@ -229,6 +360,9 @@ class NodeAgent:
         await self.runtime.stop(key, b.grace_period_s, reason=state.value, message=b.reason)
 
     async def _on_exit(self, ex: TaskExit) -> None:
+        # an exit seen with an expired lease (it ended during a pause, or a partition)
+        # is reported fenced, never succeeded: the task may already run elsewhere
+        self.check_lease()
         rec = self._tasks.pop(ex.key, None)
         if rec is None:
             return
@@ -246,29 +380,44 @@ class NodeAgent:
         ran_s = ex.ran_s  # the work done: the runtime's figure, else this agent's clock
         if ran_s is None and rec.started is not None:
             ran_s = round(time.monotonic() - rec.started, 3)
-        await self._report(rec.launch, state, reason, ex.exit_code, ex.message or None,
-                           ran_s=ran_s, checkpoint=ex.checkpoint)
-        await self.runtime.forget(ex.key)  # published: a restart need not report it again
+        if await self._report(rec.launch, state, reason, ex.exit_code, ex.message or None,
+                              ran_s=ran_s, checkpoint=ex.checkpoint):
+            await self.runtime.forget(ex.key)  # a restart need not report it again
 
     async def reconcile(self) -> int:
         """After a restart: adopt the tasks the runtime still runs, and report those that
-        ended while the agent was down. Returns how many tasks were adopted."""
+        ended while the agent was down. Down past its lease (or with it expired now), it
+        adopts nothing: the tasks are stopped and, like those that ended, reported
+        fenced. Returns how many tasks were adopted."""
+        lapsed = self._lapsed_while_down or not self.check_lease()
+        why = (f"the agent was down longer than its lease (fence_after_s="
+               f"{self.lease.fence_after_s:g}): the scheduler may have placed it elsewhere")
         for ex in await self.runtime.reconcile():
             job_id, task_id, attempt = ex.key.split("/")
             self._remember(ex.key)
             state = JobState.SUCCEEDED if ex.exit_code == 0 else JobState.FAILED
-            await self._publish(JobStatus(
-                job_id=job_id, state=state, reason=f"{ex.reason} while the agent was down",
-                attempt=int(attempt), exit_code=ex.exit_code, task=task_id,
-                node_id=self.node_id, message=ex.message or None, ran_s=ex.ran_s,
-                checkpoint=ex.checkpoint), f"{state.value}-{ex.key}")
-            await self.runtime.forget(ex.key)
+            reason = f"{ex.reason} while the agent was down"
+            if lapsed:
+                state, reason = JobState.FAILED, f"{FENCED}: {reason}; {why}"
+            if await self._send(JobStatus(
+                    job_id=job_id, state=state, reason=reason, attempt=int(attempt),
+                    exit_code=ex.exit_code, task=task_id, node_id=self.node_id,
+                    message=ex.message or None, ran_s=ex.ran_s, checkpoint=ex.checkpoint),
+                    f"{state.value}-{ex.key}"):
+                await self.runtime.forget(ex.key)
         adopted = await self.runtime.running()
         for key in adopted:
             job_id, task_id, attempt = key.split("/")
             self._tasks[key] = TaskRecord(TaskLaunch(
                 job_id=job_id, task_id=task_id, attempt=int(attempt), image="", command=(),
                 env={}, gpus=(), cpu_milli=0, memory_mib=0))
+        if lapsed:  # and what was sent while it was down is not started either
+            self._fenced_before = time.time()
+        if lapsed and adopted:
+            log.warning("down past the lease: stopping the tasks found running",
+                        node=self.node_id, tasks=adopted)
+            self._stop_all(why)
+            return 0
         return len(adopted)
 
     def _gpu_memory(self, index: int) -> int:
@@ -302,8 +451,8 @@ class NodeAgent:
     async def _report(self, launch: TaskLaunch, state: JobState, reason: str,
                       exit_code: int | None = None, message: str | None = None,
                       connection: Connection | None = None, ran_s: float | None = None,
-                      checkpoint: str | None = None) -> None:
-        await self._publish(JobStatus(
+                      checkpoint: str | None = None) -> bool:
+        return await self._send(JobStatus(
             job_id=launch.job_id, state=state, reason=reason, attempt=launch.attempt,
             exit_code=exit_code, task=launch.task_id, node_id=self.node_id, message=message,
             connection=connection, ran_s=ran_s, checkpoint=checkpoint),
@@ -330,6 +479,8 @@ class NodeAgent:
             for s in (self.devices.sample() if samples is None else samples)])
 
     async def close(self) -> None:
+        for task in (*self._stopping, *([self._flusher] if self._flusher else [])):
+            task.cancel()
         await self.runtime.close()
 
 

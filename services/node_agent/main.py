@@ -2,6 +2,12 @@
 
 It reads only the bindings partitions its nodes hash to (manual assignment, no group
 rebalancing), so at 1,000 nodes an agent does not read every binding.
+
+Every acknowledged heartbeat renews each node's lease; a separate loop checks the
+leases, so a heartbeat stuck on an unreachable broker still ends in a fence on time.
+The first heartbeat goes out as soon as the broker is reached, before the slow part of
+a start (consumer positions, adopting tasks), so a restart under load is not taken for
+a lost node.
 """
 
 from __future__ import annotations
@@ -9,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import socket
+import time
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 from aiokafka import TopicPartition
@@ -18,6 +26,7 @@ from services.node_agent.agent import NodeAgent, simulated_inventory
 from services.node_agent.datasets import DatasetCache
 from services.node_agent.devices.base import DeviceBackend
 from services.node_agent.devices.simulated import SimulatedDevices
+from services.node_agent.lease import Lease
 from services.node_agent.logs_api import add_log_routes
 from services.node_agent.runtimes.base import ExitCallback, Runtime
 from services.node_agent.runtimes.simulated import SimulatedRuntime
@@ -52,13 +61,18 @@ class AgentHost:
         self.rt = rt
         self.started_at = utcnow()
         self.agents: dict[str, NodeAgent] = {}
+        self.registered = False  # the first registration (after adoption) went out
+        if settings.fence_after_s <= 2 * settings.heartbeat_s:
+            log.warning("fence_after_s leaves no room for a missed heartbeat",
+                        fence_after_s=settings.fence_after_s, heartbeat_s=settings.heartbeat_s)
         if settings.node_runtime == "simulated":
             names = ([settings.node_id] if settings.sim_nodes <= 1 else
                      [f"{settings.node_id}-{i}" for i in range(settings.sim_nodes)])
             for name in names:
                 devices = SimulatedDevices(name, settings.sim_gpus_per_node,
                                            settings.sim_gpu_model, settings.sim_gpu_memory_mib)
-                self._add(name, devices, SimulatedRuntime)
+                state = Path(settings.state_dir, name) if settings.state_dir else None
+                self._add(name, devices, partial(SimulatedRuntime, state_dir=state))
         elif settings.node_runtime in ("process", "kubernetes"):
             real = real_devices(settings)
             self._add(settings.node_id, real, lambda on_exit: self._real_runtime(real, on_exit))
@@ -72,9 +86,11 @@ class AgentHost:
         inv = simulated_inventory(name, devices, s.node_cpu_milli, s.node_memory_mib, s.rack,
                                   runtime=s.node_runtime, address=s.node_address or "127.0.0.1",
                                   agent_url=self.agent_url(), datasets=datasets.list())
+        lease = Lease(s.fence_after_s, Path(s.state_dir, name, "lease") if s.state_dir else None)
         self.agents[name] = NodeAgent(
             inv, devices, runtime_factory, self.publish, s.state_dir, datasets=datasets,
-            shares=ShareLimits(s.share_grace_s, s.share_strikes, s.share_tolerance_mib))
+            shares=ShareLimits(s.share_grace_s, s.share_strikes, s.share_tolerance_mib),
+            lease=lease)
 
     def agent_url(self) -> str:
         """Where the gateway reaches this process's HTTP port (it serves every node here):
@@ -126,7 +142,7 @@ class AgentHost:
         if isinstance(event, Binding):
             agent = self.agents.get(event.node_id)
             if agent is not None:  # other nodes share our partitions
-                await agent.handle(event)
+                await agent.handle(event, sent_at=env.occurred_at.timestamp())
 
     async def partitions(self) -> list[TopicPartition]:
         """Only the bindings partitions our nodes' keys land in."""
@@ -138,10 +154,35 @@ class AgentHost:
         digest = hashlib.sha1(",".join(sorted(self.agents)).encode()).hexdigest()[:10]
         return f"node-agent.{self.settings.node_id}.{digest}"
 
-    async def register(self) -> None:
+    async def register(self, agents: Sequence[NodeAgent] | None = None) -> None:
+        agents = list(self.agents.values()) if agents is None else agents
         await self.publish_all([NodeRegistered(inventory=agent.inventory,
                                                agent_started_at=self.started_at)
-                                for agent in self.agents.values()])
+                                for agent in agents])
+        self.registered = True
+        for agent in agents:
+            agent.needs_register = False
+
+    async def beat(self) -> None:
+        """One heartbeat for every node. Acknowledged, it renews their leases (as of
+        its sending); a node whose fence lifts registers again."""
+        agents = list(self.agents.values())
+        for agent in agents:
+            agent.check_lease()  # a pause is noticed before a renewal can hide it
+        sent = time.monotonic()
+        try:
+            await self.publish_all([agent.heartbeat() for agent in agents])
+        except Exception as exc:  # the lease is not renewed: a fence comes in time
+            log.warning("heartbeat not acknowledged", error=repr(exc))
+            return
+        for agent in agents:
+            agent.renewed(sent)
+        again = [agent for agent in agents if agent.needs_register]
+        if again and self.registered:  # before the first registration: that one will do
+            try:
+                await self.register(again)
+            except Exception as exc:
+                log.warning("registration after a fence not acknowledged", error=repr(exc))
 
     @staticmethod
     async def _every(period_s: float, beat: Callable[[], Awaitable[None]]) -> None:
@@ -155,14 +196,23 @@ class AgentHost:
             await beat()
 
     async def heartbeats(self) -> None:
-        async def beat() -> None:
-            await self.publish_all([agent.heartbeat() for agent in self.agents.values()])
+        await self._every(self.settings.heartbeat_s, self.beat)
 
-        await self._every(self.settings.heartbeat_s, beat)
+    async def leases(self) -> None:
+        """Check every lease often: a fence must not wait for a heartbeat that hangs."""
+        period = min(1.0, self.settings.fence_after_s / 4)
+        while True:
+            await asyncio.sleep(period)
+            for agent in self.agents.values():
+                agent.check_lease()
 
     async def telemetry(self) -> None:
         async def beat() -> None:  # each sample also feeds that node's share watchdog
-            await self.publish_all([await agent.tick() for agent in self.agents.values()])
+            samples = [await agent.tick() for agent in self.agents.values()]
+            try:
+                await self.publish_all(samples)
+            except Exception as exc:  # the broker is away: the next interval tries again
+                log.warning("telemetry not published", error=repr(exc))
 
         await self._every(self.settings.telemetry_s, beat)
 
@@ -183,6 +233,7 @@ async def start(settings: AgentSettings) -> tuple[ServiceRuntime, AgentHost, Htt
     rt = ServiceRuntime(settings, use_db=False)
     await rt.start_dependencies()
     host = AgentHost(settings, rt)
+    await host.beat()  # alive, as early as can be: the rest of a start may be slow
     consumer = Consumer(
         settings,
         ConsumerOptions(host.group_id(), [BINDINGS.name], assign=await host.partitions(),
@@ -191,6 +242,7 @@ async def start(settings: AgentSettings) -> tuple[ServiceRuntime, AgentHost, Htt
     await consumer.start()  # positions fixed before the scheduler can see us
     rt.add_consumer(consumer)
     rt.add_loop(host.heartbeats)
+    rt.add_loop(host.leases)
     rt.add_loop(host.telemetry)
     await host.reconcile()  # before the first binding: nothing starts twice
     await host.register()

@@ -15,8 +15,18 @@ class AgentSettings(CommonSettings):
     node_cpu_milli: int = 128_000
     node_memory_mib: int = 1_048_576
     heartbeat_s: float = 5.0
+    # The self-fencing lease: renewed by every heartbeat the broker acknowledges; not
+    # renewed for this long, the agent stops its tasks and starts none until it is. It
+    # MUST be shorter than the monitor's lost_after_s (default 20 s), with room for the
+    # lease check (up to 1 s), a fenced task's stop (1 s grace, then a kill) and clock
+    # skew, so no task still runs here once the scheduler places it elsewhere. Also the
+    # grace of a restart: an agent down longer stops the tasks it finds, adopting none.
+    # Keep it above two heartbeats, or one slow acknowledgement fences the node.
+    fence_after_s: float = 12.0
     telemetry_s: float = 5.0
-    state_dir: str = ""  # where the highest epoch seen survives a restart; empty = memory
+    # what survives a restart (the highest epoch seen, the lease, pending reports, the
+    # simulated tasks); empty = memory only
+    state_dir: str = ""
     rack: str = "rack-0"
     node_address: str = ""  # how other nodes reach this one (MASTER_ADDR); default loopback
     pod_namespace: str = "kairos"  # the Kubernetes runtime's namespace

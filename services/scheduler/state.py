@@ -27,6 +27,7 @@ from scheduling import (
 )
 from services.scheduler.explain import PendingNotices
 from shared.events import (
+    FENCED,
     RETURNED,
     TIME_LIMIT_REACHED,
     Binding,
@@ -390,8 +391,9 @@ class SchedulerState:
             self._status(out, job, JobState.SUCCEEDED, "all tasks succeeded", exit_code=0)
         elif st.state in (JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED) and \
                 job.state in (JobState.BOUND, JobState.RUNNING):
+            # an agent that could not renew its lease stopped it: like a lost node
             self._retry_or_fail(job, out, f"task {st.task} {st.state.value}: {st.reason}",
-                                st.exit_code)
+                                st.exit_code, node_lost=st.reason.startswith(FENCED))
 
     def _time_limit(self, job: SchedJob, out: Output) -> None:
         """A task reached the spec's timeLimit: the job ends, no retry. An interactive

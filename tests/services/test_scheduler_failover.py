@@ -187,3 +187,15 @@ async def test_rows_keep_the_node_loss_count(engine: AsyncEngine, db_url: str) -
     nxt = service(engine, db_url, epoch=2)
     await nxt.load()
     assert nxt.state.jobs["L"].node_losses == 1
+
+
+def test_a_task_its_agent_fenced_requeues_without_spending_the_jobs_retries() -> None:
+    """An agent that could not renew its lease stops its tasks and reports them `failed`
+    with a `fenced:` reason: its node is as good as lost, the job is not to blame."""
+    s = SchedulerState(1, first_fit)
+    step(s, node("n1"), node("n2"), ready("F").gpus(1).retries(0).build())
+    p = s.jobs["F"].placed[0]
+    out = step(s, JobStatus(job_id="F", state=JobState.FAILED, attempt=1, task=p.task_id,
+                            node_id=p.node_id, reason="fenced: lease not renewed for 7s"))
+    states = [e.data["state"] for e, t in out.events if t == JOBS_STATUS.name]
+    assert "failed" not in states and "admitted" in states and s.jobs["F"].node_losses == 1

@@ -97,7 +97,8 @@ class Runtime(Protocol):
         HTTP read): call it through ``asyncio.to_thread``."""
 
     async def close(self) -> None:
-        """Release resources; running tasks of a simulated runtime end."""
+        """Release resources; running tasks of a simulated runtime end (with a state
+        directory, the next run resumes them)."""
 
 
 class RuntimeStartError(Exception):

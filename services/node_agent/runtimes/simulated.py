@@ -6,6 +6,13 @@ which the simulated GPUs report its memory, and a synthetic log: a start line, o
 training-step line per second it has run, and its end. The log is built when read, from
 the start time and the end, so a task costs no timer per line; it is append-only, so a
 follower polling it sees each line once.
+
+With a state directory each task is also a file (its launch, wall-clock start and
+duration; its exit once it ended), so a task outlives an agent killed and restarted:
+``reconcile()`` resumes it for the time it has left, or returns it as ended if its time
+ran out while the agent was down. Whether the agent may keep it (was it down past its
+lease?) is the agent's decision. A reported task keeps a tombstone, so a redelivered
+binding does not run it again; tombstones older than ``keep_done_s`` are pruned.
 """
 
 from __future__ import annotations
@@ -13,17 +20,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import math
+import os
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
-from services.node_agent.runtimes.base import ExitCallback, TaskExit, TaskLaunch
+from services.node_agent.runtimes.base import ExitCallback, GpuGrant, TaskExit, TaskLaunch
 
 DEFAULT_DURATION_S = 5.0
 SYNTHETIC_PID_BASE = 1 << 23  # Linux pid_max is at most 2**22: no real pid is this high
 MAX_STEP_LINES = 1_000  # a long simulated task logs its first steps, then its end
 KEEP_LOGS = 512  # ended tasks whose log is kept (per simulated node)
+KEPT_ENV = ("RANK", "WORLD_SIZE")  # what the simulation reads (and KAIROS_SIM_*); no secrets
 
 
 @dataclass
@@ -43,34 +56,54 @@ def _stamp(t: float) -> str:
 class SimulatedRuntime:
     name = "simulated"
 
-    def __init__(self, on_exit: ExitCallback) -> None:
+    def __init__(self, on_exit: ExitCallback, state_dir: str | os.PathLike[str] | None = None,
+                 *, keep_done_s: float = 7 * 86400) -> None:
         self._on_exit = on_exit
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._sims: OrderedDict[str, _SimTask] = OrderedDict()
         self._pids = itertools.count(SYNTHETIC_PID_BASE)
+        self._dir = Path(state_dir, "sim-tasks") if state_dir else None
+        self._keep_done_s = keep_done_s
 
     async def start(self, launch: TaskLaunch) -> None:
         if launch.key in self._tasks:
             return
+        state = self._read(launch.key)
+        if state is not None and "exit" in state:  # it ran here before: report that again
+            await self._on_exit(TaskExit(**state["exit"]))
+            return
         duration = DEFAULT_DURATION_S if launch.duration_s is None else launch.duration_s
-        self._sims[launch.key] = _SimTask(launch, next(self._pids), time.time(), duration)
+        sim = self._track(launch, time.time(), duration)
+        self._write(launch.key, {"launch": _saved(launch), "started": sim.started,
+                                 "duration": duration})
+        self._tasks[launch.key] = asyncio.create_task(self._run(launch.key, duration))
+
+    def _track(self, launch: TaskLaunch, started: float, duration: float) -> _SimTask:
+        sim = self._sims[launch.key] = _SimTask(launch, next(self._pids), started, duration)
         self._sims.move_to_end(launch.key)
         if len(self._sims) > KEEP_LOGS + len(self._tasks):  # the oldest ended logs go
             ended = [k for k, s in self._sims.items() if s.ended is not None]
             for old in ended[:max(0, len(ended) - KEEP_LOGS)]:
                 del self._sims[old]
-        self._tasks[launch.key] = asyncio.create_task(self._run(launch.key, duration))
+        return sim
 
     async def _run(self, key: str, duration: float) -> None:
         await asyncio.sleep(duration)
         self._tasks.pop(key, None)
-        self._ended(key, "training finished: exit 0")
-        await self._on_exit(TaskExit(key, 0, "completed", ran_s=self._ran(key)))
+        await self._end(key, 0, "completed", "", "training finished: exit 0")
 
-    def _ended(self, key: str, line: str) -> None:
+    async def _end(self, key: str, code: int, reason: str, message: str, line: str) -> None:
+        """Record the exit (in the task's file too: a restart reports it, never resumes
+        it), then report it."""
         sim = self._sims.get(key)
         if sim is not None and sim.ended is None:
             sim.ended, sim.end_line = time.time(), line
+        exit_ = TaskExit(key, code, reason, message, ran_s=self._ran(key))
+        state = self._read(key)
+        if state is not None:
+            self._write(key, {**state, "exit": asdict(exit_),
+                              "ended": sim.ended if sim else time.time(), "end_line": line})
+        await self._on_exit(exit_)
 
     async def stop(self, key: str, grace_s: float, reason: str = "stopped",
                    message: str = "") -> None:
@@ -80,8 +113,8 @@ class SimulatedRuntime:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        self._ended(key, f"stopped ({reason}{': ' + message if message else ''}): exit 137")
-        await self._on_exit(TaskExit(key, 137, reason, message, ran_s=self._ran(key)))
+        await self._end(key, 137, reason, message,
+                        f"stopped ({reason}{': ' + message if message else ''}): exit 137")
 
     def _ran(self, key: str) -> float | None:
         sim = self._sims.get(key)
@@ -98,10 +131,56 @@ class SimulatedRuntime:
         return {sim.pid} if sim is not None and key in self._tasks else set()
 
     async def reconcile(self) -> list[TaskExit]:
-        return []  # simulated tasks do not outlive the agent
+        """After a restart: resume the tasks whose time is not up, return those that
+        ended unreported (their time ran out while the agent was down, or they ended
+        before it died). Prunes old tombstones."""
+        if self._dir is None or not self._dir.is_dir():
+            return []
+        ended, now = [], time.time()
+        for file in sorted(self._dir.glob("*.json")):
+            state = _load(file)
+            if state is None or state.get("reported"):
+                if state is None or now - state.get("reported_at", now) > self._keep_done_s:
+                    file.unlink(missing_ok=True)
+                continue
+            launch = _restored(state["launch"])
+            if launch.key in self._tasks:
+                continue
+            sim = self._track(launch, state["started"], state["duration"])
+            end = sim.started + sim.duration
+            if "exit" not in state and end <= now:  # its time ran out while we were down
+                state.update(exit=asdict(TaskExit(launch.key, 0, "completed",
+                                                  ran_s=round(sim.duration, 3))),
+                             ended=end, end_line="training finished: exit 0")
+                self._write(launch.key, state)
+            if "exit" in state:
+                sim.ended, sim.end_line = state.get("ended") or now, state.get("end_line", "")
+                ended.append(TaskExit(**state["exit"]))
+            else:
+                self._tasks[launch.key] = asyncio.create_task(self._run(launch.key, end - now))
+        return ended
 
     async def forget(self, key: str) -> None:
-        return None
+        """The exit of ``key`` was reported: keep only a tombstone."""
+        state = self._read(key)
+        if state is not None and not state.get("reported"):
+            self._write(key, {**state, "reported": True, "reported_at": time.time()})
+
+    def _file(self, key: str) -> Path | None:
+        return None if self._dir is None else self._dir / f"{quote(key, safe='')}.json"
+
+    def _read(self, key: str) -> dict[str, Any] | None:
+        file = self._file(key)
+        return None if file is None else _load(file)
+
+    def _write(self, key: str, state: dict[str, Any]) -> None:
+        file = self._file(key)
+        if file is None:
+            return
+        file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(file)
 
     def logs(self, key: str, tail: int | None = None) -> str:
         sim = self._sims.get(key)
@@ -128,6 +207,25 @@ class SimulatedRuntime:
         return lines
 
     async def close(self) -> None:
+        """The tasks end with the process; their files (if any) let the next run resume them."""
         for task in self._tasks.values():
             task.cancel()
         self._tasks.clear()
+
+
+def _load(file: Path) -> dict[str, Any] | None:
+    try:
+        state: dict[str, Any] = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+    return state
+
+
+def _saved(launch: TaskLaunch) -> dict[str, Any]:
+    env = {k: v for k, v in launch.env.items() if k in KEPT_ENV or k.startswith("KAIROS_SIM_")}
+    return {**asdict(launch), "env": env}
+
+
+def _restored(saved: dict[str, Any]) -> TaskLaunch:
+    return TaskLaunch(**{**saved, "command": tuple(saved["command"]),
+                         "gpus": tuple(GpuGrant(**g) for g in saved["gpus"])})

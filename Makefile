@@ -43,6 +43,9 @@ lint: $(STAMP) ## ruff and mypy --strict on shared/ and scheduling/
 schemas: $(STAMP) ## regenerate docs/events.schema.json from the event models
 	$(BIN)/python -m shared.schema_doc > docs/events.schema.json
 
+chaos: $(STAMP) ## the chaos suite: every fault under load, judged by the checker (writes bench/results/chaos.json)
+	$(BIN)/python bench/chaos.py
+
 bench: $(STAMP) ## end-to-end latency benchmark (writes bench/results/e2e_latency.json)
 	$(BIN)/python bench/e2e_latency.py
 
@@ -52,4 +55,4 @@ bench-sim: $(STAMP) ## simulator tables + plots: openb fill (10 seeds), Muri, th
 clean: ## remove the virtualenv and local state
 	rm -rf $(VENV) .kairos
 
-.PHONY: help install tools run reset demo test test-deploy lint schemas bench bench-sim clean
+.PHONY: help install tools run reset demo test test-deploy lint schemas chaos bench bench-sim clean

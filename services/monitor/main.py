@@ -32,6 +32,7 @@ from shared.config import CommonSettings
 from shared.events import Envelope, Event, NodeLost
 from shared.http import HttpServer, ops_app
 from shared.logging import get_logger
+from shared.retry import retry_transient
 from shared.service import ServiceRuntime
 from shared.topics import (
     BINDINGS,
@@ -174,9 +175,10 @@ class MonitorReplica:
             view.lost.add(node)
             self.metrics.nodes_lost.inc()
             log.warning("node lost", node=node, silent_s=round(now - seen, 1))
-            await self.producer.publish(NodeLost(
-                node_id=node, last_seen=datetime.fromtimestamp(seen, UTC),
-                reason=f"no heartbeat for {after:.0f}s"))
+            lost = NodeLost(node_id=node, last_seen=datetime.fromtimestamp(seen, UTC),
+                            reason=f"no heartbeat for {after:.0f}s")
+            # the broker may be away: wait for it rather than end the loop (and the service)
+            await retry_transient(lambda ev=lost: self.producer.publish(ev), "monitor.node_lost")
 
 
 async def main(settings: MonitorSettings | None = None) -> None:

@@ -67,6 +67,10 @@ class SchedulerSettings(CommonSettings):
     http_port: int = 8002
     policy_file: str = ""  # a SchedulerConfig YAML; empty = the preset below
     policy: str = "default"  # a preset of scheduling.SchedulerConfig
+    # the leader's lease: renewed this often, taken over once it is this old (at once if
+    # the leader's database session is gone); kube-scheduler's defaults are 15 s / 2 s
+    lease_ttl_s: float = 15.0
+    lease_renew_s: float = 2.0
 
 
 def load_placer(settings: SchedulerSettings) -> Scheduler:
@@ -216,7 +220,8 @@ async def main(settings: SchedulerSettings | None = None) -> None:
     rt = ServiceRuntime(settings)
     await rt.start_dependencies()
     assert rt.engine is not None
-    lease = LeaderLease(settings.database_url, f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}")
+    lease = LeaderLease(settings.database_url, f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}",
+                        ttl_s=settings.lease_ttl_s, renew_s=settings.lease_renew_s)
     http = HttpServer(ops_app(rt.ready), settings.http_host, settings.http_port)
     await http.start()  # probes answer while standing by
     epoch = await lease.acquire()

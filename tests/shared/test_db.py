@@ -35,7 +35,7 @@ async def test_migrations_are_idempotent_and_serialised(engine: AsyncEngine) -> 
         server = await conn.scalar(text("SHOW server_version_num"))
         tables = set((await conn.execute(text(
             "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"))).scalars())
-    assert version == "0008"
+    assert version == "0009"
     assert int(server) >= 150000
     assert {"jobs", "job_events", "outbox", "queue_jobs", "sched_jobs", "scheduler_leases",
             "api_tokens"} <= tables
@@ -102,3 +102,21 @@ async def test_second_scheduler_waits_and_takes_over_with_a_higher_epoch(db_url:
     assert await asyncio.wait_for(waiting, 10) == 2
     assert not await a.still_leader()
     await b.release()
+
+
+async def test_a_paused_leader_loses_its_lease_and_a_dead_one_at_once(db_url: str) -> None:
+    """Before: the lease was an advisory lock held by the leader's connection, so a leader
+    paused (SIGSTOP) kept it forever and no standby could take over. Now it expires; and a
+    leader whose session is gone (killed) is replaced without waiting for the expiry."""
+    paused = LeaderLease(db_url, "paused", ttl_s=1.0)
+    assert await paused.acquire() == 1
+    standby = LeaderLease(db_url, "standby", ttl_s=60.0)
+    # `paused` renews nothing from here on: its lease runs out, the standby takes it
+    assert await asyncio.wait_for(standby.acquire(poll_s=0.05), 20) == 2
+    assert not await paused.still_leader()  # resumed: it finds it lost the lease
+    assert standby._conn is not None
+    standby._conn.terminate()  # killed: its session ends, its lease does not yet expire
+    third = LeaderLease(db_url, "third", ttl_s=60.0)
+    assert await asyncio.wait_for(third.acquire(poll_s=0.05), 20) == 3
+    await third.release()
+    await paused.release()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kairos.chaos import FAULTS, Chaos, Client, Recorder, chaos_stack
+from kairos.chaos import FAULTS, Chaos, Client, Recorder, chaos_stack, print_crashes
 
 RESULTS = Path(__file__).parent / "results" / "chaos.json"
 
@@ -47,10 +47,7 @@ def run(faults: list[str], jobs: int, nodes: int) -> dict[str, object]:
         client.close()
         recorder.stop()
         stack.stop()
-        for log in sorted(workdir.glob("logs/*.log")):
-            text = log.read_text(errors="replace")
-            if "Traceback" in text:
-                print(f"--- {log.name} (last lines)\n{text[-2000:]}")
+        print_crashes(workdir)
         shutil.rmtree(workdir, ignore_errors=True)
     return {"faults": results, "nodes": nodes, "gpus_per_node": 8,
             "jobs_per_fault": jobs, "jobs_total": sum(r["jobs"] for r in results.values()),  # type: ignore[index]

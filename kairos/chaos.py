@@ -27,6 +27,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -349,6 +350,15 @@ def node_lost_for_good(c: Chaos) -> None:
 
 
 FAULTS["node_lost_for_good"] = node_lost_for_good  # last: it takes capacity away
+
+
+def print_crashes(workdir: Path) -> None:
+    """The end of every service log that holds a traceback (a test's or bench's output
+    then says what crashed)."""
+    for log in sorted(workdir.glob("logs/*.log")):
+        text = log.read_text(errors="replace")
+        if "Traceback" in text:
+            print(f"--- {log.name} (last lines)\n{text[-3000:]}")
 
 
 def chaos_stack(workdir: Any, nodes: int = 16) -> Stack:

@@ -33,7 +33,7 @@ from shared.bus import Producer, check_size
 from shared.errors import EventTooLarge, is_transient
 from shared.events import DeadLetter, Envelope, Event, utcnow
 from shared.logging import get_logger
-from shared.retry import forever
+from shared.retry import retry_transient
 from shared.topics import BINDINGS, DEAD_LETTER, topic_for
 
 log = get_logger(__name__)
@@ -130,7 +130,7 @@ class OutboxRelay:
         self._busy = asyncio.Lock()  # the loop and flush() of one process take turns
 
     async def run(self) -> None:
-        await forever(self._run, f"{self.source}.outbox")
+        await retry_transient(self._run, f"{self.source}.outbox")
 
     async def _run(self) -> None:
         listener = await asyncpg.connect(self._dsn)
@@ -138,7 +138,7 @@ class OutboxRelay:
         last_purge = utcnow()
         try:
             while True:
-                if listener.is_closed():  # PostgreSQL went away: reconnect via forever()
+                if listener.is_closed():  # PostgreSQL went away: reconnect via retry_transient()
                     raise ConnectionError("outbox listener connection closed")
                 published = await self.publish_pending()
                 if published == self._batch:

@@ -27,7 +27,7 @@ from shared.config import CommonSettings
 from shared.events import BrokerIncarnation, Envelope, utcnow
 from shared.logging import get_logger
 from shared.outbox import replay
-from shared.retry import forever
+from shared.retry import retry_transient
 from shared.topics import BROKER
 
 log = get_logger(__name__)
@@ -52,7 +52,7 @@ class BrokerWatch:
 
     async def run(self) -> None:
         try:
-            await forever(self._loop, f"{self.settings.service_name}.broker_watch")
+            await retry_transient(self._loop, f"{self.settings.service_name}.broker_watch")
         finally:
             await self._close_reader()
 
@@ -105,7 +105,7 @@ class BrokerWatch:
 
     async def _read(self) -> str | None:
         """The incarnation in the broker's log, or None when it has none (empty broker).
-        Raises while the broker is unreachable (``forever`` waits it out)."""
+        Raises while the broker is unreachable (``retry_transient`` waits it out)."""
         reader = await self._open_reader()
         tp = TopicPartition(BROKER.name, 0)
         if BROKER.name not in await reader.topics():

@@ -26,7 +26,10 @@ def backoff_s(attempt: int, base_s: float = 0.2, cap_s: float = 5.0) -> float:
 
 async def retry_transient(fn: Callable[[], Awaitable[T]], what: str, *,
                           base_s: float = 0.2, cap_s: float = 5.0) -> T:
-    """``await fn()`` until it succeeds or fails with a non-transient error."""
+    """``await fn()`` until it succeeds or fails with a non-transient error. For a
+    service loop, ``fn`` is the loop: it starts over (its own state lost, so it must
+    resume from what is stored); a non-transient error ends the service (non-zero exit)
+    for its supervisor to restart."""
     attempt = 0
     while True:
         try:
@@ -41,28 +44,4 @@ async def retry_transient(fn: Callable[[], Awaitable[T]], what: str, *,
             wait = backoff_s(attempt, base_s, cap_s)
             log.warning("dependency unavailable, retrying", what=what, attempt=attempt,
                         wait_s=round(wait, 2), error=repr(exc)[:300])
-            await asyncio.sleep(wait)
-
-
-async def forever(step: Callable[[], Awaitable[None]], what: str, *,
-                  base_s: float = 0.2, cap_s: float = 5.0) -> None:
-    """Run a service loop; a transient error restarts it after a backoff (the loop's own
-    state is lost, so ``step`` must resume from what is stored). A non-transient error
-    ends the service (non-zero exit), for its supervisor to restart."""
-    attempt = 0
-    while True:
-        try:
-            await step()
-            return
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if not is_transient(exc):
-                raise
-            attempt += 1
-            metrics.DEPENDENCY_WAITS.labels(what).inc()
-            wait = backoff_s(attempt, base_s, cap_s)
-            log.warning("loop interrupted by an unavailable dependency, restarting it",
-                        what=what, attempt=attempt, wait_s=round(wait, 2),
-                        error=repr(exc)[:300])
             await asyncio.sleep(wait)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kairos.chaos import FAULTS, Chaos, Client, Recorder, chaos_stack
+from kairos.chaos import FAULTS, Chaos, Client, Recorder, chaos_stack, print_crashes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.broker, pytest.mark.db, pytest.mark.timeout(1500)]
 
@@ -34,10 +34,7 @@ def chaos() -> Iterator[Chaos]:
         client.close()
         recorder.stop()
         stack.stop()
-        for log in sorted(workdir.glob("logs/*.log")):
-            text = log.read_text(errors="replace")
-            if "Traceback" in text:
-                print(f"--- {log.name}\n{text[-3000:]}")
+        print_crashes(workdir)
         shutil.rmtree(workdir, ignore_errors=True)
 
 

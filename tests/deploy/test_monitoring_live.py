@@ -175,7 +175,7 @@ def run_the_mix(stack: Stack) -> None:
     assert stack.kafka_bootstrap
     asyncio.run(side_events(stack.kafka_bootstrap))
     c = Client(stack)
-    doomed = c.submit("live-doomed", {"gpu": 1}, 600, maxRetry=0)
+    doomed = c.submit("live-doomed", {"gpu": 1}, 600, maxRetry=0, timeLimit=15)
     cancel = c.submit("live-cancel", {"gpu": 1}, 600)
     ids = [c.submit(f"live-one-{i}", {"gpu": 1}, 3) for i in range(2)]
     ids.append(c.submit("live-gang", {"gpu": 4}, 3, replicas=2, minAvailable=2))
@@ -186,7 +186,8 @@ def run_the_mix(stack: Stack) -> None:
     c.wait(cancel, {"running"})
     assert c.http.delete(f"/v1/jobs/{cancel}").status_code == 202
     # the doomed job's node is lost: its agent is killed, the monitor declares the node
-    # lost, and a job that may not retry fails
+    # lost; the job is placed again (a node loss spends no retry) and fails at its time
+    # limit
     node = c.wait(doomed, {"running"})["placement"][0]["node_id"]
     agent = next(p for p in stack.procs if p.name == f"node-agent#{node.rsplit('-', 1)[0]}")
     stack.stop_proc(agent, signal.SIGKILL)

@@ -70,7 +70,9 @@ def test_kairos_up_starts_everything_and_ctrl_c_stops_everything() -> None:
         assert f"http://127.0.0.1:{port}" in text
         token = re.search(r"token: (\S+)", text)[1]  # type: ignore[index]
         profile = json.loads((tmp_path / "profile.json").read_text())
-        assert profile == {"url": f"http://127.0.0.1:{port}", "token": token}
+        assert (profile["url"], profile["token"]) == (f"http://127.0.0.1:{port}", token)
+        # and where `kairos check` / `kairos admin replay` find the broker and database
+        assert profile["kafka_bootstrap"] and profile["database_url"].startswith("postgresql")
         r = httpx.post(f"http://127.0.0.1:{port}/v1/jobs",
                        headers={"Authorization": f"Bearer {token}"},
                        json={"name": "up", "duration": 0.1, "tasks": [{"name": "w"}]})

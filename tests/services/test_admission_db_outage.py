@@ -22,7 +22,7 @@ from sqlalchemy import exc as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from kairos.embedded import EmbeddedPostgres
-from services.admission import routes_queues
+from services.admission import db_errors, routes_queues
 from services.admission.app import create_app
 from services.admission.auth import Principal, authenticate
 from services.admission.db_errors import DETAIL, unavailable
@@ -79,6 +79,9 @@ async def test_every_route_is_503_while_postgres_is_down_then_serves_again(
 
         await asyncio.to_thread(pg.stop)
         with structlog.testing.capture_logs() as logged:
+            # a logger made now: one used before (services cache theirs on first use,
+            # shared.logging) would not reach the capture
+            monkeypatch.setattr(db_errors, "log", structlog.get_logger(db_errors.__name__))
             # the token lookup of each route meets the outage first
             for r in (await gw.http.post("/v1/jobs", json=JOB, headers=auth(user)),
                       await gw.http.get(f"/v1/jobs/{job}", headers=auth(user)),

@@ -223,9 +223,17 @@ async def test_two_replicas_sum_to_what_one_exports(own_broker: str, db_url: str
                 return "quota"
             return ""
 
-        await until(lambda: expected(one.samples()), "one replica alone")
-        await until(lambda: expected(total(*pair)) or differences(total(*pair), one.samples()),
-                    "the pair's sums")
+        every_gpu = {(n, str(i)) for n in NODES for i in range(2)}
+
+        def all_gpus(*replicas: Replica) -> str:
+            """On a loaded machine a node's telemetry may reach a replica after the
+            cluster-wide series settled: wait for every GPU's series too."""
+            got = set().union(*(r.gpus() for r in replicas))
+            return "" if got == every_gpu else f"GPUs not exported yet: {every_gpu - got}"
+
+        await until(lambda: expected(one.samples()) or all_gpus(one), "one replica alone")
+        await until(lambda: expected(total(*pair)) or all_gpus(*pair)
+                    or differences(total(*pair), one.samples()), "the pair's sums")
         exported = [r.gpus() for r in pair]
         assert all(exported), "each replica exports its share of the GPUs"
         assert not exported[0] & exported[1], "no GPU is exported twice"

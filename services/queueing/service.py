@@ -99,6 +99,7 @@ class Queueing:
         self.producer = producer
         self.engine = engine
         self.relay = OutboxRelay(engine, producer, source=self.SOURCE)
+        self._queued = False  # events went to the outbox since the last publish
         self.ordering = Ordering(ordering or OrderingSpec())
         self.clock = clock
         self.tree = QueueTree([])
@@ -138,13 +139,14 @@ class Queueing:
             rows = await store.load_queues(conn)
             self._set_tree(rows)
             tree = self.tree
+            self._queued = True
             await add_many(conn, [
                 (Envelope.wrap(QueueChanged(queue=n, change="updated",
                                             settings=self._settings(r.spec, tree),
                                             version=r.version),
                                self.SOURCE, f"queue-{n}-v{r.version}"), QUEUES_TOPIC)
                 for n, r in rows.items()], self.SOURCE)
-        await self.relay.flush()
+        await self._publish()
         log.info("queues loaded", queues=sorted(rows), changed_by_file=[s.name for s in changed])
 
     def _set_tree(self, rows: dict[str, store.QueueRow]) -> None:
@@ -230,10 +232,18 @@ class Queueing:
     async def handle_batch(self, items: list[tuple[Envelope, Event]]) -> None:
         async with self._lock:
             await self._handle_batch(items)
-        await self.relay.flush()
+        await self._publish()
+
+    async def _publish(self) -> None:
+        """Publish what was queued, after its commit; most batches queue nothing, and a
+        flush is a transaction of its own."""
+        if self._queued:
+            self._queued = False
+            await self.relay.flush()
 
     async def _queue(self, conn: Any, event: Event, event_id: str | None) -> None:
         """``event`` goes out once ``conn``'s transaction commits."""
+        self._queued = True
         await add_many(conn, [(Envelope.wrap(event, self.SOURCE, event_id),
                                topic_for(event).name)], self.SOURCE)
 
@@ -323,7 +333,7 @@ class Queueing:
             for top in list(self.tree.tops):
                 await self._cycle_tree(top)
             CYCLE_SECONDS.observe(time.perf_counter() - started)
-        await self.relay.flush()
+        await self._publish()
 
     def _held_of(self, row: JobRow) -> Held:
         key = (row.job_id, row.attempt)
@@ -416,6 +426,7 @@ class Queueing:
             by_queue = self._positions(ordered, closed, reasons)
             listed = await self._explain(conn, by_queue, rows, reasons, quota, now, out)
             out += self._statuses(queues, rows, admits, victims, quota, listed)
+            self._queued = self._queued or bool(out)
             await add_many(conn, out, self.SOURCE)
         if admits or victims:
             log.info("queue cycle", tree=top, admitted=len(admits), reclaiming=len(victims),

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kairos.chaos import FAULTS, Chaos, Client, Recorder, chaos_stack, print_crashes
+from kairos.chaos import FAULTS, Chaos, Client, Recorder, chaos_stack, print_crashes, unavailable
 
 RESULTS = Path(__file__).parent / "results" / "chaos.json"
 
@@ -39,6 +39,11 @@ def run(faults: list[str], jobs: int, nodes: int) -> dict[str, object]:
     try:
         for name in faults:
             print(f"--- {name}", flush=True)
+            why = unavailable(name)
+            if why:  # reported, never silently dropped
+                results[name] = {"skipped": why}
+                print(f"    skipped: {why}", flush=True)
+                continue
             results[name] = res = chaos.phase(name, FAULTS[name], jobs=jobs)
             print(json.dumps({k: v for k, v in res.items() if k != "details"}), flush=True)
             for d in res["details"]:  # type: ignore[attr-defined]
@@ -50,7 +55,7 @@ def run(faults: list[str], jobs: int, nodes: int) -> dict[str, object]:
         print_crashes(workdir)
         shutil.rmtree(workdir, ignore_errors=True)
     return {"faults": results, "nodes": nodes, "gpus_per_node": 8,
-            "jobs_per_fault": jobs, "jobs_total": sum(r["jobs"] for r in results.values()),  # type: ignore[index]
+            "jobs_per_fault": jobs, "jobs_total": sum(r.get("jobs", 0) for r in results.values()),  # type: ignore[attr-defined]
             "wall_s": round(time.monotonic() - started, 1),
             "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()}}
 
@@ -66,6 +71,9 @@ def main() -> None:
     print(f"\n{'fault':38} {'recovery_s':>10} {'lost':>5} {'double':>6} {'5xx':>4} "
           f"{'503':>4} {'violations':>10}")
     for name, r in out["faults"].items():  # type: ignore[attr-defined]
+        if "skipped" in r:
+            print(f"{name:38} skipped: {r['skipped']}")
+            continue
         print(f"{name:38} {r['recovery_s']!s:>10} {r['lost']:>5} {r['double_runs']:>6} "
               f"{r['errors_5xx']:>4} {r['unavailable_503']:>4} {r['violations']:>10}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

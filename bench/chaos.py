@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import sys
@@ -57,7 +58,8 @@ def run(faults: list[str], jobs: int, nodes: int) -> dict[str, object]:
     return {"faults": results, "nodes": nodes, "gpus_per_node": 8,
             "jobs_per_fault": jobs, "jobs_total": sum(r.get("jobs", 0) for r in results.values()),  # type: ignore[attr-defined]
             "wall_s": round(time.monotonic() - started, 1),
-            "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()}}
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                        "cpu_hog": os.environ.get("KAIROS_CPU_HOG")}}  # scripts/with-cpu-hog.sh
 
 
 def main() -> None:

@@ -192,6 +192,11 @@ def _capacity(events: list[tuple[datetime, Any]], report: Report) -> None:
             u[0] -= mib or gpus.get((node, index), 0)
             u[1] -= pct
 
+    # A new leader resends the bindings of jobs it loaded as running, and one whose task
+    # had ended unbeknown to it is resent too; the agent reports the end again and runs
+    # nothing. Such a binding holds the GPU only if the task then runs again.
+    ended: set[tuple[str, str, int]] = set()
+    resent: dict[tuple[str, str, int], tuple[str, list[tuple[int, int, int]]]] = {}
     for _, ev in events:
         if isinstance(ev, NodeRegistered):
             for g in ev.inventory.gpus:
@@ -199,10 +204,22 @@ def _capacity(events: list[tuple[datetime, Any]], report: Report) -> None:
         elif isinstance(ev, Binding) and ev.action in (BindingAction.ALLOCATE,
                                                        BindingAction.RESIZE):
             for t in ev.tasks:
-                take((ev.job_id, t.task_id, ev.attempt), ev.node_id,
-                     [(g.index, g.memory_mib, g.compute_pct) for g in t.gpus])
+                key = (ev.job_id, t.task_id, ev.attempt)
+                grants = [(g.index, g.memory_mib, g.compute_pct) for g in t.gpus]
+                if key in ended:
+                    resent[key] = (ev.node_id, grants)
+                else:
+                    take(key, ev.node_id, grants)
         elif isinstance(ev, JobStatus) and ev.task is not None and ev.state in TASK_END:
-            free((ev.job_id, ev.task, ev.attempt))
+            key = (ev.job_id, ev.task, ev.attempt)
+            ended.add(key)
+            resent.pop(key, None)
+            free(key)
+        elif isinstance(ev, JobStatus) and ev.task is not None and \
+                ev.state is JobState.RUNNING and (ev.job_id, ev.task, ev.attempt) in resent:
+            key = (ev.job_id, ev.task, ev.attempt)
+            ended.discard(key)
+            take(key, *resent.pop(key))
         elif isinstance(ev, NodeLost):
             for key in [k for k, (n, _) in held.items() if n == ev.node_id]:
                 free(key)

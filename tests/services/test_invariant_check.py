@@ -96,6 +96,21 @@ def test_a_gpu_given_twice_is_over_capacity_but_a_freed_one_is_not() -> None:
     assert kinds(twice, {}) == ["over_capacity"]
 
 
+def test_a_binding_resent_for_a_task_that_had_ended_holds_nothing_unless_it_runs_again(
+        ) -> None:
+    """A new leader that loaded A as running resends its binding after A's task ended
+    (seen in `make chaos-loaded`, the leader paused past its lease); the agent runs
+    nothing, and B may have the GPU. Had the agent run A again, the GPU is given twice."""
+    resent = history(node("n1"), bind("A", 1, "n1", 0), task("A", JobState.RUNNING),
+                     task("A", JobState.SUCCEEDED), bind("A", 1, "n1", 0, epoch=2),
+                     bind("B", 1, "n1", 0, epoch=2), task("B", JobState.RUNNING, epoch=2))
+    assert kinds(resent, {}) == []
+    ran_again = history(node("n1"), bind("A", 1, "n1", 0), task("A", JobState.SUCCEEDED),
+                        bind("A", 1, "n1", 0, epoch=2), task("A", JobState.RUNNING, epoch=2),
+                        bind("B", 1, "n1", 0, epoch=2))
+    assert kinds(ran_again, {}) == ["over_capacity"]
+
+
 def test_a_task_started_from_a_fenced_off_epoch_is_reported() -> None:
     fence = Binding(binding_id="fence-n1-e2", action=BindingAction.FENCE, node_id="n1",
                     epoch=2, job_id="")

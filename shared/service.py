@@ -18,6 +18,7 @@ from shared.config import CommonSettings
 from shared.db import make_engine, migrate, wait_for_database
 from shared.http import HttpServer
 from shared.logging import configure_logging, get_logger
+from shared.retry import retry_transient
 
 log = get_logger(__name__)
 
@@ -65,7 +66,12 @@ class ServiceRuntime:
         self.consumers.append(consumer)
 
     def add_loop(self, loop: Callable[[], Coroutine[Any, Any, Any]]) -> None:
-        self._loops.append(loop)
+        """Run ``loop`` until the service stops. One that fails because PostgreSQL or the
+        broker is away starts over when it is back (so each loop must resume from what
+        is stored); one that ends or fails otherwise ends the service (exit 1)."""
+        name = getattr(loop, "__qualname__", "loop").replace(".<lambda>", "")
+        what = f"{self.settings.service_name}.{name}"
+        self._loops.append(lambda: retry_transient(loop, what))
 
     async def ready(self) -> dict[str, bool]:
         checks = {"broker": await self.producer.reachable()}

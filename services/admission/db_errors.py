@@ -21,30 +21,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import asyncpg
-from sqlalchemy import exc as sa
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from shared.errors import EventTooLarge
+from shared.errors import EventTooLarge, database_unavailable
 from shared.logging import get_logger
 
 log = get_logger(__name__)
 DETAIL = "database unavailable, retry"
 UNSTORABLE = "the request holds text that cannot be stored: a NUL character (\\u0000)"
 
-_UNAVAILABLE: tuple[type[BaseException], ...] = (
-    # no socket, connection refused, connect timeout (TimeoutError is an OSError): the
-    # driver connects to PostgreSQL before anything else, and raises these unwrapped
-    OSError,
-    asyncpg.PostgresConnectionError,  # SQLSTATE 08: connection failure or lost
-    # 57: admin/crash shutdown, "the database system is starting up" (CannotConnectNowError),
-    # a statement cancelled by statement_timeout: each passes, a retry may succeed
-    asyncpg.exceptions.OperatorInterventionError,
-    asyncpg.exceptions.InsufficientResourcesError,  # 53: too many connections, out of memory
-    sa.OperationalError,
-    sa.InterfaceError,
-    sa.TimeoutError,  # every pooled connection busy for pool_timeout
-)
 _UNSTORABLE: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.CharacterNotInRepertoireError,  # 22021: NUL in a text parameter
     asyncpg.exceptions.UntranslatableCharacterError,  # 22P05: \u0000 in a jsonb one
@@ -53,8 +39,11 @@ _UNSTORABLE: tuple[type[BaseException], ...] = (
 
 def unavailable(exc: BaseException) -> bool:
     """Whether ``exc`` means PostgreSQL cannot be reached now (retry later)."""
-    return _caused_by(exc, lambda e: isinstance(e, _UNAVAILABLE) or (
-        isinstance(e, sa.DBAPIError) and e.connection_invalidated))
+    # shared.errors' list, and any SQLSTATE 57 besides: a statement cancelled by
+    # statement_timeout is worth a retry to a client, not to a consumer that would retry
+    # the same statement forever
+    return _caused_by(exc, lambda e: database_unavailable(e) or isinstance(
+        e, asyncpg.exceptions.OperatorInterventionError))
 
 
 def unstorable(exc: BaseException) -> bool:

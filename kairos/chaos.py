@@ -254,6 +254,7 @@ class Chaos:
             time.sleep(1.0)  # a supervisor notices an exit within a second
             ready_at.append(self._wait_ready(drain_s))
 
+        pids = {p.name: p.popen.pid for p in self.stack.procs}
         thread = threading.Thread(target=fault)
         thread.start()
         started = time.monotonic()
@@ -296,6 +297,10 @@ class Chaos:
             # what the fault did: nodes declared lost, tasks their agents stopped themselves
             "nodes_lost": sorted({ev.node_id for at, ev in history.events
                                   if isinstance(ev, NodeLost) and at.timestamp() >= fault_at[0]}),
+            # services that exited and were restarted (the killed one; none for an outage
+            # of PostgreSQL or the broker, which every service waits out)
+            "service_restarts": sorted(p.name for p in self.stack.procs
+                                       if p.name in pids and p.popen.pid != pids[p.name]),
             "fenced_tasks": sum(1 for at, ev in history.events
                                 if isinstance(ev, JobStatus) and ev.task is not None
                                 and ev.job_id in states and ev.reason.startswith(FENCED)),

@@ -19,6 +19,7 @@ import contextlib
 import re
 import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -47,6 +48,16 @@ _INSERT = text(
     " VALUES (:i, :t, :k, :p, :s, CAST(:d AS text),"
     " CASE WHEN CAST(:d AS text) IS NULL THEN NULL ELSE now() END)"
     " ON CONFLICT (event_id) DO NOTHING")
+
+
+_INSERT_MANY = text(
+    "INSERT INTO outbox (event_id, topic, key, payload, source, dead_reason, published_at)"
+    " SELECT i, t, k, p, :s, d, CASE WHEN d IS NULL THEN NULL ELSE now() END"
+    " FROM unnest(CAST(:i AS text[]), CAST(:t AS text[]), CAST(:k AS text[]),"
+    " CAST(:p AS bytea[]), CAST(:d AS text[])) WITH ORDINALITY AS u(i, t, k, p, d, n)"
+    " ORDER BY n ON CONFLICT (event_id) DO NOTHING RETURNING event_id")
+_BEHIND = text("SELECT EXISTS (SELECT 1 FROM outbox WHERE source = :s"
+               " AND published_at IS NULL AND dead_reason IS NULL)")
 
 
 def channel(source: str) -> str:
@@ -80,31 +91,57 @@ async def add_to_outbox(conn: AsyncConnection, event: Event, source: str,
     return env
 
 
+@dataclass(frozen=True)
+class Row:
+    """An outbox row to publish (``seq`` None: known from the caller's memory)."""
+
+    event_id: str
+    topic: str
+    key: str
+    payload: bytes
+    seq: int | None = None
+
+
+@dataclass
+class Stored:
+    """What one transaction queued: the rows it inserted (less those set aside and ids
+    already there), and whether older rows of its source were still unpublished then
+    (publishing these first would reorder a key's events)."""
+
+    rows: list[Row] = field(default_factory=list)
+    behind: bool = False
+
+
 async def add_many(conn: AsyncConnection, items: Sequence[tuple[Envelope, str]], source: str,
-                   max_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
-    """Queue a service's decided events in its transaction. One that is over the limit
-    is stored set aside (with a dead letter saying why) rather than failing the decision:
-    it could never be published, and the decision itself stands."""
+                   max_bytes: int = DEFAULT_MAX_EVENT_BYTES, notify: bool = True) -> Stored:
+    """Queue a service's decided events in its transaction (one statement). One that is
+    over the limit is stored set aside (with a dead letter saying why) rather than
+    failing the decision: it could never be published, and the decision itself stands.
+    ``notify=False``: the caller publishes what this returns itself, after its commit
+    (``OutboxRelay.publish_stored``); no relay need wake."""
     if not items:
-        return
-    rows: list[dict[str, Any]] = []
+        return Stored()
+    rows: list[tuple[Row, str | None]] = []
     for env, topic in items:
         payload = env.encode()
         if len(payload) <= max_bytes:
-            rows.append({"i": env.id, "t": topic, "k": env.key, "p": payload, "s": source,
-                         "d": None})
+            rows.append((Row(env.id, topic, env.key, payload), None))
             continue
         reason = f"{len(payload)} bytes, over the {max_bytes}-byte event limit"
         log.error("event set aside: too large to publish", event_id=env.id, topic=topic,
                   reason=reason)
         metrics.OUTBOX_DEADLETTERED.labels(source).inc()
         letter = _letter(env.id, env.key, source, topic, reason, payload)
-        rows += [{"i": env.id, "t": topic, "k": env.key, "p": payload, "s": source,
-                  "d": reason},
-                 {"i": letter.id, "t": DEAD_LETTER.name, "k": letter.key,
-                  "p": letter.encode(), "s": source, "d": None}]
-    await conn.execute(_INSERT, rows)
-    await conn.execute(text(f"NOTIFY {channel(source)}"))
+        rows += [(Row(env.id, topic, env.key, payload), reason),
+                 (Row(letter.id, DEAD_LETTER.name, letter.key, letter.encode()), None)]
+    behind = bool(await conn.scalar(_BEHIND, {"s": source}))
+    inserted = set((await conn.execute(_INSERT_MANY, {
+        "i": [r.event_id for r, _ in rows], "t": [r.topic for r, _ in rows],
+        "k": [r.key for r, _ in rows], "p": [r.payload for r, _ in rows],
+        "d": [d for _, d in rows], "s": source})).scalars())
+    if notify:
+        await conn.execute(text(f"NOTIFY {channel(source)}"))
+    return Stored([r for r, d in rows if d is None and r.event_id in inserted], behind)
 
 
 def asyncpg_dsn(sqlalchemy_url: str) -> str:
@@ -173,40 +210,82 @@ class OutboxRelay:
                         error=repr(exc)[:200])
             self.wake()
 
+    def exclusive(self) -> asyncio.Lock:
+        """Held from before a commit to its ``publish_stored``, so that this process's
+        loop cannot publish the committed rows in between (they would go twice)."""
+        return self._busy
+
+    async def publish_stored(self, stored: Stored) -> None:
+        """Publish what the caller's transaction just committed, from memory, and mark
+        it in one statement: no read of the table, no transaction held open while the
+        broker answers. The caller holds ``exclusive()``. Where older rows were still
+        unpublished, or a send fails, the table decides instead (in order), now or in
+        the loop."""
+        if not stored.rows:
+            return
+        try:
+            if stored.behind:
+                while await self._publish_pending() == self._batch:
+                    pass
+                return
+            sent, dead, failure = await self._send(stored.rows)
+            if sent or dead:
+                async with self._engine.begin() as conn:
+                    await conn.execute(text("SET LOCAL synchronous_commit = off"))  # a mark
+                    await self._mark(conn, sent, dead)  # lost in a crash: sent once more
+            if failure is not None:
+                raise failure
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            log.warning("publish deferred to the relay loop", source=self.source,
+                        error=repr(exc)[:200])
+            self.wake()
+
     async def publish_pending(self) -> int:
         """Publish one batch of unpublished rows in order; returns how many were handled
         (published or set aside). A transient send failure keeps the rows not sent for
         the next try and raises after recording the progress."""
-        async with self._busy, self._engine.begin() as conn:
+        async with self._busy:
+            return await self._publish_pending()
+
+    async def _publish_pending(self) -> int:
+        async with self._engine.begin() as conn:
             got = await conn.scalar(text("SELECT pg_try_advisory_xact_lock(:k)"),
                                     {"k": lock_key(self.source)})
             if not got:
                 return 0
-            rows = (await conn.execute(
-                text("SELECT seq, event_id, topic, key, payload FROM outbox"
-                     " WHERE source = :s AND published_at IS NULL AND dead_reason IS NULL"
-                     " ORDER BY seq LIMIT :n"), {"s": self.source, "n": self._batch})).all()
+            rows = [Row(r.event_id, r.topic, r.key, bytes(r.payload), r.seq)
+                    for r in (await conn.execute(
+                        text("SELECT seq, event_id, topic, key, payload FROM outbox"
+                             " WHERE source = :s AND published_at IS NULL"
+                             " AND dead_reason IS NULL ORDER BY seq LIMIT :n"),
+                        {"s": self.source, "n": self._batch})).all()]
             if not rows:
                 return 0
             sent, dead, failure = await self._send(rows)
-            if sent:
-                await conn.execute(
-                    text("UPDATE outbox SET published_at = now() WHERE seq = ANY(:s)"),
-                    {"s": sent})
-            for row, reason in dead:
-                await self._set_aside(conn, row, reason)
+            await self._mark(conn, sent, dead)
         if failure is not None:
             raise failure
         return len(sent) + len(dead)
 
-    async def _send(self, rows: Sequence[Any]) -> tuple[list[int], list[tuple[Any, str]],
+    async def _mark(self, conn: AsyncConnection, sent: list[str],
+                    dead: list[tuple[Row, str]]) -> None:
+        if sent:
+            await conn.execute(
+                text("UPDATE outbox SET published_at = now() WHERE event_id = ANY(:e)"),
+                {"e": sent})
+        for row, reason in dead:
+            await self._set_aside(conn, row, reason)
+
+    async def _send(self, rows: Sequence[Row]) -> tuple[list[str], list[tuple[Row, str]],
                                                          Exception | None]:
         limit = self._producer.max_event_bytes
-        futures: list[tuple[Any, asyncio.Future[Any]]] = []
-        dead: list[tuple[Any, str]] = []
+        futures: list[tuple[Row, asyncio.Future[Any]]] = []
+        dead: list[tuple[Row, str]] = []
         failure: Exception | None = None
         for r in rows:
-            payload = bytes(r.payload)
+            payload = r.payload
             if len(payload) > limit:
                 dead.append((r, f"{len(payload)} bytes, over the {limit}-byte event limit"))
                 continue
@@ -218,10 +297,10 @@ class OutboxRelay:
                     break  # the rest wait for the next try, in order
                 dead.append((r, repr(exc)[:500]))
         results = await asyncio.gather(*(f for _, f in futures), return_exceptions=True)
-        sent: list[int] = []
+        sent: list[str] = []
         for (r, _), res in zip(futures, results, strict=True):
             if not isinstance(res, BaseException):
-                sent.append(r.seq)
+                sent.append(r.event_id)
                 metrics.PUBLISHED.labels(self.source, r.topic).inc()
             elif isinstance(res, Exception) and is_transient(res):
                 failure = failure or res
@@ -229,14 +308,14 @@ class OutboxRelay:
                 dead.append((r, repr(res)[:500]))
         return sent, dead, failure
 
-    async def _set_aside(self, conn: AsyncConnection, row: Any, reason: str) -> None:
+    async def _set_aside(self, conn: AsyncConnection, row: Row, reason: str) -> None:
         log.error("outbox row set aside: it can never be published", source=self.source,
                   event_id=row.event_id, topic=row.topic, reason=reason)
         metrics.OUTBOX_DEADLETTERED.labels(self.source).inc()
-        await conn.execute(text("UPDATE outbox SET dead_reason = :r WHERE seq = :s"),
-                           {"r": reason, "s": row.seq})
+        await conn.execute(text("UPDATE outbox SET dead_reason = :r WHERE event_id = :e"),
+                           {"r": reason, "e": row.event_id})
         letter = _letter(row.event_id, row.key, self.source, row.topic, reason,
-                         bytes(row.payload))
+                         row.payload)
         await conn.execute(_INSERT, {"i": letter.id, "t": DEAD_LETTER.name, "k": letter.key,
                                      "p": letter.encode(), "s": self.source, "d": None})
 

@@ -23,7 +23,7 @@ from shared.errors import NonRetryable
 from shared.events import Envelope, Event, NodeInventory, NodeSchedulability
 from shared.http import HttpServer, ops_app
 from shared.logging import get_logger
-from shared.outbox import OutboxRelay, add_many
+from shared.outbox import OutboxRelay, Stored, add_many
 from shared.refill import BrokerWatch
 from shared.retry import retry_transient
 from shared.service import ServiceRuntime
@@ -163,23 +163,26 @@ class SchedulerService:
             states = [self.state.scheduling_of(v) for v in self.state.nodes.values() if not v.lost]
             for s in NodeSchedulability:
                 NODES.labels(s.value).set(states.count(s))
-        t1 = time.perf_counter()
-        # the same rows and events again if PostgreSQL is away (the transaction rolled back)
-        await retry_transient(lambda: self.persist(out), "scheduler.persist")
-        CYCLE_SECONDS.labels("persist").observe(time.perf_counter() - t1)
-        if out.events:
-            t2 = time.perf_counter()
-            await self.relay.flush()
-            CYCLE_SECONDS.labels("publish").observe(time.perf_counter() - t2)
+        async with self.relay.exclusive():  # nothing else publishes between the two
+            t1 = time.perf_counter()
+            # the same rows and events again if PostgreSQL is away (the transaction
+            # rolled back)
+            stored = await retry_transient(lambda: self.persist(out), "scheduler.persist")
+            CYCLE_SECONDS.labels("persist").observe(time.perf_counter() - t1)
+            if stored.rows:
+                t2 = time.perf_counter()
+                await self.relay.publish_stored(stored)
+                CYCLE_SECONDS.labels("publish").observe(time.perf_counter() - t2)
         if cycled:
             CYCLE_SECONDS.labels("total").observe(time.perf_counter() - t0)
         self.state.evict_finished()
 
-    async def persist(self, out: Output) -> None:
+    async def persist(self, out: Output) -> Stored:
         """Rows and events in one transaction, fenced by the lease: a leader that lost it
-        (paused past it, cut off) finds a higher epoch and writes nothing."""
+        (paused past it, cut off) finds a higher epoch and writes nothing. Returns the
+        events stored, for the caller to publish after the commit."""
         if not out.dirty_jobs and not out.dirty_nodes and not out.events:
-            return
+            return Stored()
         jobs = [self.state.job_row(j) for j in out.dirty_jobs if j in self.state.jobs]
         async with self.engine.begin() as conn:
             epoch = await conn.scalar(text(
@@ -187,7 +190,8 @@ class SchedulerService:
             if epoch is not None and epoch != self.state.epoch:
                 raise LeadershipLost(f"the lease is at epoch {epoch}, this leader holds "
                                      f"{self.state.epoch}: stopping")
-            await add_many(conn, out.events, self.SOURCE, self.rt.settings.max_event_bytes)
+            stored = await add_many(conn, out.events, self.SOURCE,
+                                    self.rt.settings.max_event_bytes, notify=False)
             if jobs:
                 await conn.execute(text(
                     """INSERT INTO sched_jobs (job_id, state, attempt, ready, placement, tasks,
@@ -213,6 +217,7 @@ class SchedulerService:
                     [{"n": v.inventory.node_id, "i": v.inventory.model_dump_json(),
                       "s": "lost" if v.lost else "ready", "c": v.cordon,
                       "g": v.cordon_generation, "r": v.cordon_reason} for v in nodes])
+        return stored
 
 
 async def main(settings: SchedulerSettings | None = None) -> None:

@@ -16,7 +16,7 @@ from services.scheduler.leader import LeaderLease
 from shared.bus import Producer, ensure_topics
 from shared.db import make_engine, migrate
 from shared.events import Envelope, JobState, JobStatus, utcnow
-from shared.outbox import OutboxRelay, add_to_outbox, replay
+from shared.outbox import OutboxRelay, add_many, add_to_outbox, replay
 
 pytestmark = pytest.mark.db
 
@@ -88,6 +88,89 @@ async def test_relay_publishes_in_order_and_replays_after_broker_loss(
         assert await conn.scalar(text(
             "SELECT count(*) FROM outbox WHERE published_at IS NULL")) == 0
     assert await relay.purge() == 0  # still inside the replay window
+
+
+async def _read_ids(broker: str, key: str, want: int) -> list[str]:
+    c = AIOKafkaConsumer("jobs.status", bootstrap_servers=broker,
+                         auto_offset_reset="earliest", fetch_max_wait_ms=20)
+    await c.start()
+    seen: list[str] = []
+    try:
+        async with asyncio.timeout(15):
+            while len(seen) < want:
+                for records in (await c.getmany(timeout_ms=200)).values():
+                    seen += [Envelope.decode(r.value or b"").id for r in records
+                             if r.key == key.encode()]
+        await asyncio.sleep(0.3)  # and nothing more arrives
+        for records in (await c.getmany(timeout_ms=300)).values():
+            seen += [Envelope.decode(r.value or b"").id for r in records
+                     if r.key == key.encode()]
+    finally:
+        await c.stop()
+    return seen
+
+
+def _statuses(job: str, ids: range) -> list[tuple[Envelope, str]]:
+    return [(Envelope.wrap(JobStatus(job_id=job, state=JobState.RUNNING, reason=f"r{i}"),
+                           "mem", f"{job}-{i}"), "jobs.status") for i in ids]
+
+
+@pytest.mark.broker
+async def test_a_commit_is_published_from_memory_in_order_behind_what_was_left(
+        engine: AsyncEngine, db_url: str, broker: str) -> None:
+    """The scheduler's path: what its transaction stored is sent from memory and marked
+    in one statement. Rows left unpublished before it (a send that failed, the last
+    leader's) go first, from the table; an id already stored is not sent again."""
+    await ensure_topics(broker)
+    job = "mem-" + utcnow().strftime("%H%M%S%f")
+    producer = Producer(broker, "mem")
+    await producer.start()
+    relay = OutboxRelay(engine, producer, db_url, source="mem")
+    try:
+        async with engine.begin() as conn:  # left behind: never published
+            left = await add_many(conn, _statuses(job, range(0, 2)), "mem", notify=False)
+        assert [r.event_id for r in left.rows] == [f"{job}-0", f"{job}-1"]
+        async with relay.exclusive():
+            async with engine.begin() as conn:
+                stored = await add_many(conn, _statuses(job, range(1, 4)), "mem", notify=False)
+            assert stored.behind  # job-0 and job-1 wait in the table
+            assert [r.event_id for r in stored.rows] == [f"{job}-2", f"{job}-3"]  # 1 was there
+            await relay.publish_stored(stored)
+        async with relay.exclusive():
+            async with engine.begin() as conn:
+                stored = await add_many(conn, _statuses(job, range(4, 6)), "mem", notify=False)
+            assert not stored.behind  # all published: this one goes from memory
+            await relay.publish_stored(stored)
+        assert await relay.publish_pending() == 0  # every row was marked
+    finally:
+        await producer.stop()
+    assert await _read_ids(broker, job, 6) == [f"{job}-{i}" for i in range(6)]
+
+
+@pytest.mark.broker
+async def test_a_commit_whose_send_fails_is_left_to_the_loop(
+        engine: AsyncEngine, db_url: str, broker: str) -> None:
+    await ensure_topics(broker)
+    job = "down-" + utcnow().strftime("%H%M%S%f")
+    producer = Producer(broker, "down")
+    await producer.start()
+    relay = OutboxRelay(engine, producer, db_url, source="down")
+    try:
+        async with engine.begin() as conn:
+            stored = await add_many(conn, _statuses(job, range(3)), "down", notify=False)
+
+        async def broker_away(topic: str, key: str, value: bytes) -> asyncio.Future[object]:
+            raise ConnectionError("broker away")
+
+        real, producer.send_future = producer.send_future, broker_away  # type: ignore[method-assign]
+        async with relay.exclusive():
+            await relay.publish_stored(stored)  # deferred, never raised
+        producer.send_future = real  # type: ignore[method-assign]
+        assert await relay.pending() == 3
+        assert await relay.publish_pending() == 3  # the loop's next turn
+    finally:
+        await producer.stop()
+    assert await _read_ids(broker, job, 3) == [f"{job}-{i}" for i in range(3)]
 
 
 async def test_second_scheduler_waits_and_takes_over_with_a_higher_epoch(db_url: str) -> None:

@@ -61,7 +61,8 @@ def pct(values: list[float], q: float) -> float:
 
 
 class TopicTail:
-    """Reads jobs.status from now on and keeps, per job, the times that matter."""
+    """Reads jobs.status (and jobs.submitted, whose record timestamp is when admission's
+    relay sent it) from now on and keeps, per job, the times that matter."""
 
     def __init__(self, bootstrap: str) -> None:
         self.bootstrap = bootstrap
@@ -70,7 +71,8 @@ class TopicTail:
 
     async def start(self) -> None:
         self._consumer = AIOKafkaConsumer(
-            "jobs.status", bootstrap_servers=self.bootstrap, auto_offset_reset="latest",
+            "jobs.status", "jobs.submitted", bootstrap_servers=self.bootstrap,
+            auto_offset_reset="latest",
             fetch_max_wait_ms=20, max_poll_records=2000)
         await self._consumer.start()
         while not self._consumer.assignment():
@@ -85,6 +87,8 @@ class TopicTail:
             for records in batch.values():
                 for r in records:
                     env = json.loads(r.value or b"{}")
+                    if env.get("type") == "job.submitted":  # CreateTime: the relay's send
+                        self.times[env["data"]["job_id"]].setdefault("sent", r.timestamp / 1000)
                     if env.get("type") != "job.status":
                         continue
                     d = env["data"]
@@ -208,6 +212,9 @@ async def measure_rate(stack: Stack, rate: float, seconds: float,
             from_sent.append((t["task_running"] - sent[job]) * 1000)
         if "running" in t:
             running.append((t["running"] - t201) * 1000)
+        if {"sent", "admitted"} <= t.keys():  # admission's relay, then queueing's hop
+            phases["http_201_to_submitted_sent"].append((t["sent"] - t201) * 1000)
+            phases["submitted_sent_to_admitted"].append((t["admitted"] - t["sent"]) * 1000)
         if {"admitted", "bound", "task_running"} <= t.keys():
             phases["http_201_to_admitted"].append((t["admitted"] - t201) * 1000)
             phases["admitted_to_bound"].append((t["bound"] - t["admitted"]) * 1000)

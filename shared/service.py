@@ -95,10 +95,16 @@ class ServiceRuntime:
         if http is not None:
             await http.start()
         for consumer in self.consumers:
-            await consumer.start()
-            self._tasks.append(asyncio.create_task(consumer.run()))
+            if consumer.options.assign is not None:
+                # fixed positions first: nothing this service publishes from here on
+                # (a registration, a heartbeat) can draw an answer it would skip
+                await consumer.start()
         for fn in self._loops:
             self._tasks.append(asyncio.create_task(fn()))
+        for consumer in self.consumers:
+            # a group's first join can wait out a killed member's session (~10 s): the
+            # loops (the outbox relay publishing accepted submits) must not wait with it
+            self._tasks.append(asyncio.create_task(self._consume(consumer)))
         log.info("service started", port=self.settings.http_port)
         stop_wait = asyncio.create_task(self.stopping.wait())
         done, _ = await asyncio.wait([stop_wait, *self._tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -113,6 +119,11 @@ class ServiceRuntime:
         await self.shutdown()
         if failed:
             raise SystemExit(1)
+
+    @staticmethod
+    async def _consume(consumer: Consumer) -> None:
+        await consumer.start()  # returns at once if started already
+        await consumer.run()
 
     async def shutdown(self, step_timeout_s: float = 5.0) -> None:
         """Stop loops, consumers, HTTP, producer and database in turn. Each step is

@@ -145,7 +145,7 @@ class Queueing:
                                             settings=self._settings(r.spec, tree),
                                             version=r.version),
                                self.SOURCE, f"queue-{n}-v{r.version}"), QUEUES_TOPIC)
-                for n, r in rows.items()], self.SOURCE)
+                for n, r in rows.items()], self.SOURCE, notify=False)
         await self._publish()
         log.info("queues loaded", queues=sorted(rows), changed_by_file=[s.name for s in changed])
 
@@ -236,7 +236,8 @@ class Queueing:
 
     async def _publish(self) -> None:
         """Publish what was queued, after its commit; most batches queue nothing, and a
-        flush is a transaction of its own."""
+        flush is a transaction of its own. Queueing flushes itself, so its inserts wake
+        no relay (``notify=False``; the relay loop's poll is the backstop)."""
         if self._queued:
             self._queued = False
             await self.relay.flush()
@@ -245,7 +246,7 @@ class Queueing:
         """``event`` goes out once ``conn``'s transaction commits."""
         self._queued = True
         await add_many(conn, [(Envelope.wrap(event, self.SOURCE, event_id),
-                               topic_for(event).name)], self.SOURCE)
+                               topic_for(event).name)], self.SOURCE, notify=False)
 
     async def _handle_batch(self, items: list[tuple[Envelope, Event]]) -> None:
         submitted = [e for _, e in items if isinstance(e, JobSubmitted)]
@@ -427,7 +428,7 @@ class Queueing:
             listed = await self._explain(conn, by_queue, rows, reasons, quota, now, out)
             out += self._statuses(queues, rows, admits, victims, quota, listed)
             self._queued = self._queued or bool(out)
-            await add_many(conn, out, self.SOURCE)
+            await add_many(conn, out, self.SOURCE, notify=False)
         if admits or victims:
             log.info("queue cycle", tree=top, admitted=len(admits), reclaiming=len(victims),
                      waiting=len(reasons))

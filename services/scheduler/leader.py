@@ -35,8 +35,12 @@ WHERE l.expires_at IS NULL OR l.expires_at < now() OR NOT EXISTS (
     SELECT 1 FROM pg_stat_activity a WHERE a.pid = l.holder_pid
     AND a.backend_start = l.holder_since)
 RETURNING epoch"""
+# the session renewing is the one a standby checks from now on: a leader that had to
+# reconnect (a renewal timed out, a blip) must not look dead by its old session
 _RENEW = """
-UPDATE scheduler_leases SET expires_at = now() + make_interval(secs => $3)
+UPDATE scheduler_leases SET expires_at = now() + make_interval(secs => $3),
+    holder_pid = pg_backend_pid(),
+    holder_since = (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid())
 WHERE name = $1 AND epoch = $2 RETURNING epoch"""
 
 

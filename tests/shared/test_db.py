@@ -187,6 +187,24 @@ async def test_second_scheduler_waits_and_takes_over_with_a_higher_epoch(db_url:
     await b.release()
 
 
+async def test_a_leader_that_reconnects_keeps_its_lease(db_url: str) -> None:
+    """Found by `make chaos-loaded`: a renewal that timed out under load made the leader
+    reconnect; its lease still named the old session, so a standby took over at once
+    from a live, renewing leader (which then stopped). A renewal now names its session."""
+    leader = LeaderLease(db_url, "leader", ttl_s=60.0)
+    assert await leader.acquire() == 1
+    assert leader._conn is not None
+    leader._conn.terminate()  # its session is cut: the next renewal opens another
+    assert await leader.still_leader()
+    standby = LeaderLease(db_url, "standby", ttl_s=60.0)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(standby.acquire(poll_s=0.05), 1.5)
+    assert await leader.still_leader()
+    await leader.release()
+    assert await asyncio.wait_for(standby.acquire(poll_s=0.05), 10) == 2
+    await standby.release()
+
+
 async def test_a_paused_leader_loses_its_lease_and_a_dead_one_at_once(db_url: str) -> None:
     """Before: the lease was an advisory lock held by the leader's connection, so a leader
     paused (SIGSTOP) kept it forever and no standby could take over. Now it expires; and a

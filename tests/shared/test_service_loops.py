@@ -4,6 +4,8 @@ PostgreSQL restart); one that fails on anything else still ends the service."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from shared.config import CommonSettings
@@ -41,3 +43,46 @@ async def test_a_loop_that_ends_is_not_started_again() -> None:
     rt.add_loop(once)
     await rt._loops[0]()
     assert calls == [1]
+
+
+class SlowJoin:
+    """A consumer whose group join takes long (as after a kill -9, until the dead
+    member's session ends): start() waits until ``joined`` is set. The contract of
+    shared.bus.Consumer that ServiceRuntime uses: options.assign, start, run, stop."""
+
+    def __init__(self, assign: object | None = None) -> None:
+        self.options = type("Options", (), {"assign": assign})()
+        self.joined = asyncio.Event()
+        self.started = False
+
+    async def start(self) -> None:
+        await self.joined.wait()
+        self.started = True
+
+    async def run(self) -> None:
+        await asyncio.Event().wait()
+
+    async def stop(self) -> None:
+        self.joined.set()
+
+
+async def test_loops_run_while_a_consumer_group_is_still_joining() -> None:
+    """Before: every consumer started, one after another, before any loop, so the outbox
+    relay of a restarted admission published nothing for the ~10 s of the join."""
+    rt = _runtime()
+    slow = SlowJoin()
+    rt.add_consumer(slow)  # type: ignore[arg-type]
+    relayed = asyncio.Event()
+
+    async def relay() -> None:
+        relayed.set()
+        await asyncio.Event().wait()
+
+    rt.add_loop(relay)
+    running = asyncio.create_task(rt.run())
+    await asyncio.wait_for(relayed.wait(), 10)
+    assert not slow.started
+    slow.joined.set()
+    rt.stopping.set()
+    await asyncio.wait_for(running, 30)
+    assert slow.started

@@ -61,18 +61,21 @@ def pct(values: list[float], q: float) -> float:
 
 
 class TopicTail:
-    """Reads jobs.status (and jobs.submitted, whose record timestamp is when admission's
-    relay sent it) from now on and keeps, per job, the times that matter."""
+    """Reads jobs.status (and, with ``split_submit``, jobs.submitted, whose record
+    timestamp is when admission's relay sent it) from now on and keeps, per job, the
+    times that matter. The second reader is off by default: measured, it adds ~100 ms
+    to queueing's hop at 20/s (a third reader of that topic on the embedded broker), so
+    figures with it are not comparable with those without."""
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, split_submit: bool = False) -> None:
         self.bootstrap = bootstrap
+        self.topics = ["jobs.status"] + (["jobs.submitted"] if split_submit else [])
         self.times: dict[str, dict[str, float]] = defaultdict(dict)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self._consumer = AIOKafkaConsumer(
-            "jobs.status", "jobs.submitted", bootstrap_servers=self.bootstrap,
-            auto_offset_reset="latest",
+            *self.topics, bootstrap_servers=self.bootstrap, auto_offset_reset="latest",
             fetch_max_wait_ms=20, max_poll_records=2000)
         await self._consumer.start()
         while not self._consumer.assignment():
@@ -184,8 +187,8 @@ def cpu_ms_per_job(before: dict[int, tuple[str, float]], after: dict[int, tuple[
 
 
 async def measure_rate(stack: Stack, rate: float, seconds: float,
-                       drain_s: float = 30) -> dict[str, Any]:
-    tail = TopicTail(stack.kafka_bootstrap or "")
+                       drain_s: float = 30, split_submit: bool = False) -> dict[str, Any]:
+    tail = TopicTail(stack.kafka_bootstrap or "", split_submit)
     await tail.start()
     cpu0 = cpu_by_process(stack)
     run = await drive(stack, rate, seconds)
@@ -324,6 +327,8 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=32)
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--load-out", type=Path, default=LOAD_RESULTS)
+    ap.add_argument("--split-submit", action="store_true",
+                    help="also time admission's relay send (a second reader: slows queueing)")
     args = ap.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
     workdir = Path(tempfile.mkdtemp(prefix="kairos-bench-"))
@@ -336,7 +341,8 @@ def main() -> None:
         asyncio.run(measure_rate(stack, 20, 5))  # warm up connections and consumer groups
         for rate in rates:
             print(f"rate {rate:g}/s for {args.seconds:g}s ...", flush=True)
-            r = asyncio.run(measure_rate(stack, rate, args.seconds))
+            r = asyncio.run(measure_rate(stack, rate, args.seconds,
+                                         split_submit=args.split_submit))
             r.update(asyncio.run(floor(stack.kafka_bootstrap or "", rate, min(args.seconds, 30))))
             runs.append(r)
             print(json.dumps(r), flush=True)

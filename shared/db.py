@@ -46,7 +46,10 @@ def _wait_to_connect(engine: AsyncEngine, wait_s: float) -> None:
             try:
                 return dialect.connect(*cargs, **cparams)
             except Exception as exc:
-                if not database_unavailable(exc) or time.monotonic() + delay > deadline:
+                # the driver's error, or SQLAlchemy's translation raised from it
+                away = database_unavailable(exc) or (
+                    exc.__cause__ is not None and database_unavailable(exc.__cause__))
+                if not away or time.monotonic() + delay > deadline:
                     raise
                 log.info("database away, waiting to connect", wait_s=delay,
                          error=repr(exc)[:200])

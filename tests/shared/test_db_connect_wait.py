@@ -12,7 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission.db_errors import unavailable
-from shared.db import make_engine
+from shared.db import make_engine, prepare_database
 from tests.services.test_admission_db_outage import OwnPostgres, own_pg  # noqa: F401
 
 pytestmark = pytest.mark.db
@@ -26,6 +26,7 @@ async def _select(engine: AsyncEngine) -> int:
 async def test_a_new_connection_waits_out_a_restart_and_fails_past_its_wait(
         own_pg: tuple[OwnPostgres, str]) -> None:  # noqa: F811
     pg, url = own_pg
+    await prepare_database(url)
     waiting = make_engine(url, pool_size=1, connect_wait_s=60)
     impatient = make_engine(url, pool_size=1, connect_wait_s=0.3)
     try:

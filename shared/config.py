@@ -31,6 +31,9 @@ class CommonSettings(BaseSettings):
     # the largest event any service publishes, checked before the send: below Kafka's
     # default message.max.bytes (1 MiB), so production brokers take every event we make
     max_event_bytes: int = 1_000_000
+    # how long a new database connection waits for a PostgreSQL that is restarting
+    # before the request or handler sees the error (the gateway's 503)
+    db_connect_wait_s: float = 3.0
     # how long published outbox rows are kept, so a broker that came back empty can be
     # refilled from PostgreSQL (and how far back that refill goes)
     outbox_replay_window_s: int = 24 * 3600

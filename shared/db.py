@@ -9,10 +9,12 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlalchemy.util import await_only
 
+from shared.errors import database_unavailable
 from shared.logging import get_logger
 
 log = get_logger(__name__)
@@ -20,8 +22,39 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 _MIGRATION_LOCK = 0x4B41_4952  # "KAIR": one migrator at a time across services
 
 
-def make_engine(url: str, pool_size: int = 10) -> AsyncEngine:
-    return create_async_engine(url, pool_size=pool_size, max_overflow=10, pool_pre_ping=True)
+def make_engine(url: str, pool_size: int = 10, connect_wait_s: float = 0.0) -> AsyncEngine:
+    """``connect_wait_s``: how long a new connection waits for a PostgreSQL that is
+    restarting (see ``_wait_to_connect``); 0 fails at once."""
+    engine = create_async_engine(url, pool_size=pool_size, max_overflow=10,
+                                 pool_pre_ping=True)
+    if connect_wait_s > 0:
+        _wait_to_connect(engine, connect_wait_s)
+    return engine
+
+
+def _wait_to_connect(engine: AsyncEngine, wait_s: float) -> None:
+    """A connection PostgreSQL refuses because it is away (refused, no socket, "the
+    database system is starting up / shutting down") is tried again, with backoff, for
+    up to ``wait_s``. Nothing was sent on it yet, so trying again is always safe, and a
+    restart of a second or two makes a request slower instead of answering 503."""
+
+    @event.listens_for(engine.sync_engine, "do_connect")
+    def connect(dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
+        deadline = time.monotonic() + wait_s
+        delay = 0.05
+        while True:
+            try:
+                return dialect.connect(*cargs, **cparams)
+            except Exception as exc:
+                # the driver's error, or SQLAlchemy's translation raised from it
+                away = database_unavailable(exc) or (
+                    exc.__cause__ is not None and database_unavailable(exc.__cause__))
+                if not away or time.monotonic() + delay > deadline:
+                    raise
+                log.info("database away, waiting to connect", wait_s=delay,
+                         error=repr(exc)[:200])
+                await_only(asyncio.sleep(delay))  # in SQLAlchemy's greenlet: yields
+                delay = min(delay * 2, 0.5)
 
 
 def session_factory(engine: AsyncEngine) -> async_sessionmaker[Any]:

@@ -54,7 +54,8 @@ class ServiceRuntime:
         self.producer = Producer(settings.kafka_bootstrap, settings.service_name,
                                  max_event_bytes=settings.max_event_bytes)
         self.engine: AsyncEngine | None = (
-            make_engine(settings.database_url, pool_size=5) if use_db else None
+            make_engine(settings.database_url, pool_size=5,
+                        connect_wait_s=settings.db_connect_wait_s) if use_db else None
         )
         self.consumers: list[Consumer] = []
         self._loops: list[Callable[[], Coroutine[Any, Any, Any]]] = []

@@ -21,8 +21,6 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-from kairos.embedded import pid_dead
-
 SUBNET = ipaddress.IPv4Network("10.213.0.0/16")  # one /30 per namespace, from here
 
 
@@ -49,11 +47,21 @@ def unavailable() -> str | None:
     return None
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def remove_orphans() -> None:
     """Namespaces left by a run that was killed (its veth pair goes with them)."""
     for line in _ip("netns", "list", check=False).splitlines():
         m = re.match(r"kairos-(\d+)-\S+", line)
-        if m and pid_dead(int(m.group(1))):
+        if m and not _pid_alive(int(m.group(1))):
             _ip("netns", "del", m.group(0), check=False)
 
 

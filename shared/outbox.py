@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import re
 import zlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -200,15 +200,9 @@ class OutboxRelay:
     async def flush(self) -> None:
         """Publish what this source has queued now; if the broker is away, leave it to
         the loop (the rows are safe in PostgreSQL)."""
-        async with self._deferred_if_away():
+        try:
             while await self.publish_pending() == self._batch:
                 pass
-
-    @contextlib.asynccontextmanager
-    async def _deferred_if_away(self) -> AsyncIterator[None]:
-        """A transient failure leaves the rows (safe in PostgreSQL) to the relay loop."""
-        try:
-            yield
         except Exception as exc:
             if not is_transient(exc):
                 raise
@@ -229,7 +223,7 @@ class OutboxRelay:
         the loop."""
         if not stored.rows:
             return
-        async with self._deferred_if_away():
+        try:
             if stored.behind:
                 while await self._publish_pending() == self._batch:
                     pass
@@ -241,6 +235,12 @@ class OutboxRelay:
                     await self._mark(conn, sent, dead)  # lost in a crash: sent once more
             if failure is not None:
                 raise failure
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            log.warning("publish deferred to the relay loop", source=self.source,
+                        error=repr(exc)[:200])
+            self.wake()
 
     async def publish_pending(self) -> int:
         """Publish one batch of unpublished rows in order; returns how many were handled

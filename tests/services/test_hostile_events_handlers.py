@@ -9,6 +9,7 @@ The bytes that do not decode are in tests/services/test_hostile_events.py."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.admission import store
+from shared.db import make_engine
 from shared.errors import is_transient
 from shared.events import (
     Binding,
@@ -39,12 +41,10 @@ from shared.events import (
     utcnow,
 )
 from shared.jobspec import parse_job_spec
-from tests.services import test_queueing_service
-from tests.services.test_queueing_service import World
+from tests.services.test_queueing_service import Recording, World
 
 pytestmark = [pytest.mark.db, pytest.mark.broker]
 
-world = test_queueing_service.world  # the queueing service over real PostgreSQL and broker
 HUGE = 2**63 - 1  # past PostgreSQL's integer and bigint alike
 
 
@@ -106,6 +106,18 @@ async def _survives(handle: Any, items: list[tuple[Envelope, Event]]) -> None:
         failure = exc
     assert failure is None or not is_transient(failure), (
         f"{items[0][1]!r} reads as an outage: {failure!r}")
+
+
+@pytest.fixture
+async def world(db_url: str, broker: str) -> AsyncIterator[World]:
+    engine = make_engine(db_url, pool_size=3)
+    producer = Recording(broker)
+    await producer.start()
+    w = World(engine, producer, None)  # type: ignore[arg-type]
+    await w.restart()
+    yield w
+    await producer.stop()
+    await engine.dispose()
 
 
 async def test_queueing_takes_hostile_events_and_goes_on(world: World) -> None:

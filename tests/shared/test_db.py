@@ -71,7 +71,19 @@ async def test_relay_publishes_in_order_and_replays_after_broker_loss(
         assert await relay.publish_pending() == 5
     finally:
         await producer.stop()
-    assert await _read_ids(broker, job, 10) == [f"{job}-{i}" for i in range(5)] * 2
+    c = AIOKafkaConsumer("jobs.status", bootstrap_servers=broker,
+                         auto_offset_reset="earliest", fetch_max_wait_ms=20)
+    await c.start()
+    seen: list[str] = []
+    try:
+        async with asyncio.timeout(15):
+            while len(seen) < 10:
+                for records in (await c.getmany(timeout_ms=200)).values():
+                    seen += [Envelope.decode(r.value or b"").id for r in records
+                             if r.key == job.encode()]
+    finally:
+        await c.stop()
+    assert seen == [f"{job}-{i}" for i in range(5)] * 2
     async with engine.connect() as conn:
         assert await conn.scalar(text(
             "SELECT count(*) FROM outbox WHERE published_at IS NULL")) == 0

@@ -3,6 +3,9 @@ and an agent restart that adopts the running task, starting nothing twice."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import uuid
 from pathlib import Path
 
 import psutil
@@ -52,29 +55,40 @@ async def test_exit_codes_become_succeeded_and_failed(tmp_path: Path) -> None:
     await a.close()
 
 
+LONG = ["sleep", f"30.{uuid.uuid4().int % 10**9:09d}"]  # this test's task and no other
+
+
+def sleepers() -> list[int]:
+    return [p.pid for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == LONG]
+
+
 async def test_restart_adopts_the_running_task_and_starts_nothing_twice(tmp_path: Path) -> None:
     rec = Recorder()
     first = agent(tmp_path, rec)
-    await first.handle(binding("LONG", ["sleep", "30"]))
+    await first.handle(binding("LONG", LONG))
     assert states(rec, "LONG") == [("running", None)]
+    # the wrapper shell forks the command a moment after start() returns (later still
+    # on a busy machine): wait for it, so the count below is not a race
+    await wait_for(lambda: len(sleepers()) == 1, timeout=30)
+    task = sleepers()
     del first  # the agent dies; its task keeps running
+    gc.collect()  # and whatever it held is finalised (its subprocess transports too)
 
     rec2 = Recorder()
     second = agent(tmp_path, rec2)
     try:
-        await _restart_checks(second, rec2)
+        await _restart_checks(second, rec2, task)
     finally:  # never leave a task behind, even when a check fails
         for key in await second.runtime.running():
             await second.runtime.stop(key, 0)
         await second.close()
 
 
-async def _restart_checks(second: NodeAgent, rec2: Recorder) -> None:
+async def _restart_checks(second: NodeAgent, rec2: Recorder, task: list[int]) -> None:
     assert await second.reconcile() == 1
-    await second.handle(binding("LONG", ["sleep", "30"]))  # the binding is redelivered
-    sleepers = [p for p in psutil.process_iter(["cmdline"])
-                if p.info["cmdline"] == ["sleep", "30"]]
-    assert len(sleepers) == 1  # adopted, not started again
+    await second.handle(binding("LONG", LONG))  # the binding is redelivered
+    await asyncio.sleep(0.5)  # time for a second copy to show, were one started
+    assert sleepers() == task  # adopted, not started again
     await second.handle(binding("LONG", [], BindingAction.STOP))
     await wait_for(lambda: ("cancelled", 143) in states(rec2, "LONG")
                    or any(s == "cancelled" for s, _ in states(rec2, "LONG")))

@@ -21,6 +21,7 @@ import yaml
 from rich.console import Console
 from rich.table import Column, Table
 
+from shared.job_array import is_array_id
 from sim.cli import app as sim_app
 
 app = typer.Typer(help="Kairos: a GPU scheduler for deep-learning training.", no_args_is_help=True)
@@ -74,25 +75,61 @@ def submit(
                                          dir_okay=False)],
     url: UrlOpt = None, token: TokenOpt = None,
     idempotency_key: Annotated[str | None, typer.Option(help="makes a retry safe")] = None,
+    array: Annotated[str | None, typer.Option(
+        "--array", "-a", help="a job array, as sbatch --array: 0-999, 1,3,5-7, 0-15:4, and "
+        "%N to run at most N at once (0-999%50); the file's own `array` is replaced")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the job id "
                                         "(like sbatch --parsable)")] = False,
 ) -> None:
-    """Submit a job (like sbatch / vcctl job run)."""
+    """Submit a job or a job array (like sbatch / vcctl job run)."""
     headers = {"Content-Type": "application/yaml"}
+    body = file.read_bytes()
+    if array is not None:
+        try:
+            spec = yaml.safe_load(body)
+        except yaml.YAMLError as exc:
+            err.print(f"[red]{file} is not valid YAML or JSON[/]: {exc}")
+            raise typer.Exit(2) from exc
+        if not isinstance(spec, dict):
+            err.print(f"[red]{file} does not hold a job spec (a mapping)[/]")
+            raise typer.Exit(2)
+        body = json.dumps({**spec, "array": array}).encode()
+        headers["Content-Type"] = "application/json"
     if idempotency_key:
         headers["Idempotency-Key"] = idempotency_key
     with _client(url, token) as c:
-        job = _request(c, "POST", "/v1/jobs", content=file.read_bytes(), headers=headers)
+        job = _request(c, "POST", "/v1/jobs", content=body, headers=headers)
     if quiet:
         print(job["id"])
+        return
+    if "size" in job:  # an array
+        cap = f", at most {job['max_running']} at once" if job.get("max_running") else ""
+        console.print(f"submitted array [bold]{job['id']}[/] ({job['name']}): {job['size']} "
+                      f"jobs {job['id']}-<index> for {job['indices']}{cap}, to queue "
+                      f"{job['queue']}")
         return
     console.print(f"submitted [bold]{job['id']}[/] ({job['name']}) to queue {job['queue']}")
 
 
+def _describe_array(c: httpx.Client, array_id: str) -> None:
+    arr = _request(c, "GET", f"/v1/arrays/{array_id}")
+    cap = f"  at most {arr['max_running']} at once" if arr.get("max_running") else ""
+    console.print(f"[bold]{arr['id']}[/] {arr['name']}  queue={arr['queue']} "
+                  f"tenant={arr['tenant']}  array {arr['indices']} ({arr['size']} jobs){cap}")
+    t = Table("state", "jobs", title="elements")
+    for state, n in sorted(arr["states"].items()):
+        t.add_row(state, str(n))
+    console.print(t)
+
+
 @app.command()
 def describe(job_id: str, url: UrlOpt = None, token: TokenOpt = None) -> None:
-    """A job's state, placement and the history of its transitions with reasons."""
+    """A job's state, placement and the history of its transitions with reasons (for a
+    job array: its elements counted by state)."""
     with _client(url, token) as c:
+        if is_array_id(job_id):
+            _describe_array(c, job_id)
+            return
         job = _request(c, "GET", f"/v1/jobs/{job_id}")
     console.print(f"[bold]{job['id']}[/] {job['name']}  queue={job['queue']} "
                   f"tenant={job['tenant']}  state=[bold]{job['state']}[/] ({job['reason']}) "
@@ -128,12 +165,14 @@ def jobs(
     queue: Annotated[str | None, typer.Option(help="only jobs of this queue")] = None,
     user: Annotated[str | None, typer.Option(help="only jobs this user submitted")] = None,
     tenant: Annotated[str | None, typer.Option(help="only this tenant's jobs (admin)")] = None,
+    array: Annotated[str | None, typer.Option(help="only this job array's elements")] = None,
     limit: Annotated[int, typer.Option(help="at most this many", min=1)] = 50,
     url: UrlOpt = None, token: TokenOpt = None,
 ) -> None:
     """Jobs with their state (like squeue / vcctl job list)."""
     params: dict[str, Any] = {k: v for k, v in (
-        ("state", state), ("queue", queue), ("user", user), ("tenant", tenant)) if v}
+        ("state", state), ("queue", queue), ("user", user), ("tenant", tenant),
+        ("array", array)) if v}
     items: list[dict[str, Any]] = []
     with _client(url, token) as c:
         while len(items) < limit:  # page by cursor: stable while jobs come and go
@@ -153,8 +192,12 @@ def jobs(
 
 @app.command()
 def cancel(job_id: str, url: UrlOpt = None, token: TokenOpt = None) -> None:
-    """Cancel a job (like scancel)."""
+    """Cancel a job, or every element of a job array not ended yet (like scancel)."""
     with _client(url, token) as c:
+        if is_array_id(job_id):
+            arr = _request(c, "DELETE", f"/v1/arrays/{job_id}")
+            console.print(f"cancel requested for {arr['cancelled']} jobs of array {job_id}")
+            return
         _request(c, "DELETE", f"/v1/jobs/{job_id}")
     console.print(f"cancel requested for {job_id}")
 

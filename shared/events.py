@@ -61,6 +61,11 @@ class JobSubmitted(Event):
     user: str
     spec: JobSpec
     submitted_at: datetime
+    # an element of a job array: its array, index, and the array's cap on elements
+    # holding quota at once (queueing keeps to it)
+    array_id: str | None = None
+    array_index: int | None = None
+    array_max_running: int | None = None
 
     def key(self) -> str:
         return self.queue
@@ -456,7 +461,7 @@ class WaitingJob(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
     job_id: str
     position: int = Field(description="1 = next in its queue's order")
-    reason: str = Field(description="quota | reclaim | queue_closed | priority")
+    reason: str = Field(description="quota | reclaim | queue_closed | priority | array_limit")
     detail: str = ""
     estimated_start: datetime | None = None
 

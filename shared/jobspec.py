@@ -29,6 +29,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from shared.job_array import ArrayIndices, parse_array
+
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 MAX_TASKS = 64
 MAX_TOTAL_REPLICAS = 4096
@@ -155,6 +157,9 @@ class JobSpec(_Spec):
         max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$",
         description="the dataset it reads: nodes whose local cache holds it are preferred")] = None
     labels: dict[Text, Text] = Field(default_factory=dict)
+    array: Annotated[str | None, Field(max_length=4096, description=(
+        "a job array, as Slurm's --array: 0-999, 1,3,5-7, 0-15:4, and %N to run at most "
+        "N elements at once (0-999%50); each index is a job of its own"))] = None
     tasks: Annotated[list[TaskSpec], Field(min_length=1, max_length=MAX_TASKS)]
 
     @field_validator("name", "queue")
@@ -172,6 +177,14 @@ class JobSpec(_Spec):
             raise ValueError(f"the job has {most} replicas (elastic tasks at maxReplicas); "
                              f"a job has at most {MAX_TOTAL_REPLICAS}")
         return tasks
+
+    @field_validator("array")
+    @classmethod
+    def _array(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        parse_array(v)  # a ValueError names what is wrong
+        return v.strip()
 
     @field_validator("api_version")
     @classmethod
@@ -201,7 +214,13 @@ class JobSpec(_Spec):
                 raise ValueError("an Interactive job has one task with one replica")
             if self.time_limit is None:
                 raise ValueError("an Interactive job needs a timeLimit (seconds)")
+            if self.array is not None:
+                raise ValueError("an Interactive job cannot be an array")
         return self
+
+    @property
+    def array_indices(self) -> ArrayIndices | None:
+        return parse_array(self.array) if self.array is not None else None
 
     @property
     def interactive(self) -> bool:

@@ -22,11 +22,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission import cursor as page_cursor
 from services.admission import openapi_errors, ratelimit, spec_body, store, tokens
-from services.admission.accept import accept
+from services.admission.accept import accept, accept_array
 from services.admission.auth import Principal, authenticate, require_admin
 from services.admission.db_errors import DatabaseErrors
 from services.admission.limits import BodyLimit
 from services.admission.node_health import GpuHealthOut
+from services.admission.routes_arrays import ArrayOut, array_out
+from services.admission.routes_arrays import router as arrays_router
 from services.admission.routes_environments import router as environments_router
 from services.admission.routes_jobs_stream import router as jobs_stream_router
 from services.admission.routes_logs import router as logs_router
@@ -86,6 +88,8 @@ class JobOut(BaseModel):
     submitted_at: datetime
     updated_at: datetime
     spec: dict[str, Any]
+    array_id: str | None = Field(default=None, description="an array's element: its array")
+    array_index: int | None = Field(default=None, description="an array's element: its index")
     history: list[HistoryEntry] | None = None
     placement: list[PlacementEntry] | None = None
     replicas: dict[str, int] | None = Field(
@@ -231,16 +235,24 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
         return JSONResponse(status_code=422,
                             content={"detail": openapi_errors.field_errors(exc.errors())})
 
-    @app.post("/v1/jobs", status_code=201, response_model=JobOut,
+    @app.post("/v1/jobs", status_code=201, response_model=JobOut | ArrayOut,
               openapi_extra={"requestBody": {"required": True, "content": {
                   "application/json": {"schema": JobSpec.model_json_schema(by_alias=True)},
                   "application/yaml": {"schema": {"type": "string"}}}}})
     async def submit_job(
         request: Request, response: Response, caller: Caller,
         idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
-    ) -> JobOut:
+    ) -> JobOut | ArrayOut:
+        """Submit a job; with ``array`` in its spec, a job array: one element per index
+        (``<array id>-<index>``), all stored at once, answered with the array."""
         await ratelimit.check_submit(engine, settings, caller.tenant)
         spec = await _read_spec(request)
+        if spec.array is not None:
+            arr, created = await accept_array(request, caller, spec, idempotency_key)
+            if not created:
+                response.status_code = status.HTTP_200_OK
+            response.headers["Location"] = f"/v1/arrays/{arr['id']}"
+            return array_out(arr)
         row, created = await accept(request, caller, spec, idempotency_key)
         if not created:
             response.status_code = status.HTTP_200_OK
@@ -257,6 +269,8 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
             max_length=63, description="admins: only this tenant's jobs")] = None,
         user: Annotated[str | None, Query(max_length=63,
                                           description="only jobs this user submitted")] = None,
+        array: Annotated[str | None, Query(max_length=63,
+                                           description="only this job array's elements")] = None,
         limit: Annotated[int, Query(ge=1, le=settings.max_page_size)] = 100,
         offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
         cursor: Annotated[str | None, Query(
@@ -275,7 +289,7 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=[{
                 "field": "query.cursor", "message": str(exc), "type": "value_error"}]) from exc
         rows = await store.list_jobs(engine, tenant, state.value if state else None, queue,
-                                     limit + 1, offset, user=user, after=after)
+                                     limit + 1, offset, user=user, after=after, array=array)
         more = len(rows) > limit
         last = rows[limit - 1] if more else None
         return JobList(items=[_job_out(r) for r in rows[:limit]], limit=limit, offset=offset,
@@ -399,5 +413,6 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
     app.include_router(usage_router)
     app.include_router(logs_router)
     app.include_router(queues_router)
+    app.include_router(arrays_router)
     openapi_errors.install(app)  # after every route: documents each one's refusals
     return app

@@ -336,7 +336,7 @@ class WaitingOut(BaseModel):
 
     queue: str
     position: int = Field(description="1 = next in its queue's order")
-    reason: str = Field(description="quota | reclaim | queue_closed | priority")
+    reason: str = Field(description="quota | reclaim | queue_closed | priority | array_limit")
     detail: str
     estimated_start: datetime | None
     updated_at: datetime

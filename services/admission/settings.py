@@ -27,6 +27,9 @@ class AdmissionSettings(CommonSettings):
     submit_rate_per_s: float = Field(default=500.0, ge=0)
     submit_burst: int = Field(default=2000, ge=1)
     tenant_submit_limits: dict[str, SubmitLimit] = Field(default_factory=dict)
+    # elements one job array may have (Slurm's MaxArraySize is 1001 by default): all are
+    # stored in one transaction, so this bounds a submit's work
+    max_array_size: int = Field(default=10_000, ge=1, le=100_000)
     max_job_gpus: int = Field(default=0, ge=0, description="whole GPUs a job may ask for "
                               "(at its largest size); 0 = no limit")
     # seconds between reads of new job events for the SSE streams (one query per

@@ -142,12 +142,14 @@ async def get_job(engine: AsyncEngine, job_id: str) -> dict[str, Any] | None:
 
 async def list_jobs(engine: AsyncEngine, tenant: str | None, state: str | None,
                     queue: str | None, limit: int, offset: int, user: str | None = None,
-                    after: tuple[datetime, str] | None = None) -> list[dict[str, Any]]:
+                    after: tuple[datetime, str] | None = None,
+                    array: str | None = None) -> list[dict[str, Any]]:
     """Jobs oldest first, by (submitted_at, id): ``after`` (a keyset cursor, the last
     row of the previous page) makes pages stable while jobs come and go."""
     clauses: list[str] = []
     params: dict[str, Any] = {"limit": limit, "offset": offset}
-    for col, val in (("tenant", tenant), ("state", state), ("queue", queue), ("user", user)):
+    for col, val in (("tenant", tenant), ("state", state), ("queue", queue), ("user", user),
+                     ("array_id", array)):
         if val is not None:
             clauses.append(f'"{col}" = :{col}')
             params[col] = val

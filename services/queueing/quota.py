@@ -45,6 +45,7 @@ class WaitReason(StrEnum):
     RECLAIM = "reclaim"  # within its guarantee: borrowers are being preempted for it
     QUEUE_CLOSED = "queue_closed"  # its queue is closed: nothing is admitted
     PRIORITY = "priority"  # a strict queue: a job ahead of it waits
+    ARRAY_LIMIT = "array_limit"  # its job array holds quota for as many elements as it may
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.queueing import store
+from services.queueing.array_caps import ArrayCaps
 from services.queueing.config import OrderingSpec, QueueConfigError
 from services.queueing.ordering import Held, Ordering, demand, job_request
 from services.queueing.quota import EPS, QueueTree, QuotaState, Reclaim, WaitReason
@@ -358,6 +359,7 @@ class Queueing:
                                {"k": store.tree_lock_key(top)})
             rows = await store.active_jobs(conn, queues)
             holding = [r for r in rows if r.state in ("admitted", "reclaiming")]
+            arrays = ArrayCaps(self._held_of(r).event for r in holding)
             usage: dict[str, tuple[float, float, float]] = {}
             freeing: dict[str, tuple[float, float, float]] = {}
             for r in holding:
@@ -391,6 +393,10 @@ class Queueing:
                     if first and q in held_back:
                         deferred.append(h)
                         continue
+                    capped = arrays.full(h.event)
+                    if capped is not None:  # not a quota matter: it blocks no queue
+                        reasons[h.request.job_id] = (WaitReason.ARRAY_LIMIT, capped)
+                        continue
                     dec = quota.check(q, h.demand)
                     if dec.admitted and dec.borrowing and first:
                         deferred.append(h)
@@ -399,6 +405,7 @@ class Queueing:
                         continue
                     if dec.admitted:
                         quota.add(q, h.demand)
+                        arrays.add(h.event)
                         admits.append((h, dec.borrowing))
                         continue
                     assert dec.reason is not None

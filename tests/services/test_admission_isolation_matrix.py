@@ -91,6 +91,12 @@ CASES: dict[tuple[str, str], Case] = {
     ("GET", "/v1/jobs/{job_id}/logs"): Case(
         "/v1/jobs/{job}/logs", {"owner": 502, "other": 404, "admin": 502},
         detail={"other": "no job {job}"}),
+    ("GET", "/v1/arrays/{array_id}"): Case(
+        "/v1/arrays/{array}", {"owner": 200, "other": 404, "admin": 200},
+        detail={"other": "no array {array}"}),
+    ("DELETE", "/v1/arrays/{array_id}"): Case(
+        "/v1/arrays/{array}", {"owner": 202, "other": 404, "admin": 202},
+        detail={"other": "no array {array}"}),
     ("GET", "/v1/nodes"): Case("/v1/nodes", dict.fromkeys(ROLES, 200), hidden="{job}"),
     ("POST", "/v1/nodes/{node_id}/cordon"): Case(
         "/v1/nodes/n-cordon/cordon", users(202), detail=ADMIN_DETAIL),
@@ -195,8 +201,11 @@ async def world(db_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[W
             await gw.status(done, state)
         r = await gw.http.post("/v1/environments", json={"name": "nb"}, headers=auth(owner))
         assert r.status_code == 201, r.text
+        arr = await gw.http.post("/v1/jobs", json={**JOB, "array": "0-2"}, headers=auth(owner))
+        assert arr.status_code == 201, arr.text
         yield World(gw, secrets, {"job": job, "elastic": elastic, "done": done,
-                                  "env": r.json()["id"], "spare": spare_row["id"]}, {
+                                  "env": r.json()["id"], "spare": spare_row["id"],
+                                  "array": arr.json()["id"]}, {
             "no header": ({}, MISSING),
             "basic": ({"Authorization": "Basic dXNlcjpwdw=="}, MISSING),
             "bare scheme": ({"Authorization": "Bearer"}, MISSING),

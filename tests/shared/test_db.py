@@ -35,7 +35,7 @@ async def test_migrations_are_idempotent_and_serialised(engine: AsyncEngine) -> 
         server = await conn.scalar(text("SHOW server_version_num"))
         tables = set((await conn.execute(text(
             "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"))).scalars())
-    assert version == "0009"
+    assert version == "0010"
     assert int(server) >= 150000
     assert {"jobs", "job_events", "outbox", "queue_jobs", "sched_jobs", "scheduler_leases",
             "api_tokens"} <= tables

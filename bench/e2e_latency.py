@@ -231,6 +231,8 @@ async def measure_rate(stack: Stack, rate: float, seconds: float,
         "accepted": len(accepted),
         "errors": sum(run["errors"].values()),  # type: ignore[attr-defined]
         "error_kinds": dict(run["errors"]),  # type: ignore[call-overload]
+        # refused at once as overloaded: nothing stored, a client retries after Retry-After
+        "refused_429": run["errors"].get("http 429", 0),  # type: ignore[attr-defined]
         "lost": lost,
         "p50_bound_ms": round(pct(bound, 50), 1),
         "p99_bound_ms": round(pct(bound, 99), 1),

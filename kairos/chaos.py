@@ -13,7 +13,9 @@ and a job submitted after the fault has started running: the platform is ready a
 flow again), ``lost`` (accepted jobs
 not ended), ``double_runs`` (jobs that ran in two places), ``errors_5xx`` (answers of
 500 and up other than a 503 with ``Retry-After``, which is the designed answer while a
-dependency is away; those are counted as ``unavailable_503``), ``violations``.
+dependency is away; those are counted as ``unavailable_503``), ``overloaded_429`` (a
+gateway refusing submits while the platform is behind: the client waits and retries),
+``violations``.
 """
 
 from __future__ import annotations
@@ -138,6 +140,7 @@ class Client:
     stack: Stack
     errors_5xx: int = 0
     unavailable_503: int = 0
+    overloaded_429: int = 0
     _http: httpx.Client = field(init=False)
 
     def __post_init__(self) -> None:
@@ -153,8 +156,11 @@ class Client:
             except httpx.HTTPError:
                 time.sleep(0.5)  # admission itself is down: a client retries
                 continue
-            if r.status_code == 503 and "retry-after" in r.headers:
-                self.unavailable_503 += 1
+            if r.status_code in (429, 503) and "retry-after" in r.headers:
+                if r.status_code == 503:
+                    self.unavailable_503 += 1
+                else:  # overloaded (or a rate limit): a real client waits as told
+                    self.overloaded_429 += 1
                 time.sleep(min(5.0, float(r.headers["retry-after"])))
                 continue
             if r.status_code >= 500:
@@ -242,6 +248,7 @@ class Chaos:
         rnd = random.Random(f"{self.seed}-{name}")
         errors_before = self.client.errors_5xx
         unavailable_before = self.client.unavailable_503
+        overloaded_before = self.client.overloaded_429
         accepted: list[tuple[float, str]] = []  # (wall clock when accepted, job)
         cancels: list[str] = []
         fault_at: list[float] = []  # wall clock
@@ -290,6 +297,7 @@ class Chaos:
             "double_runs": len({v.subject for v in report.violations if v.kind == "double_run"}),
             "errors_5xx": self.client.errors_5xx - errors_before,
             "unavailable_503": self.client.unavailable_503 - unavailable_before,
+            "overloaded_429": self.client.overloaded_429 - overloaded_before,
             "violations": len(report.violations),
             "jobs": len(ids), "reruns_with_reason": sum(len(v) for v in report.reruns.values()),
             "states": {s: list(states.values()).count(s) for s in sorted(set(states.values()))},

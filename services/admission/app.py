@@ -27,6 +27,7 @@ from services.admission.auth import Principal, authenticate, require_admin
 from services.admission.db_errors import DatabaseErrors
 from services.admission.limits import BodyLimit
 from services.admission.node_health import GpuHealthOut
+from services.admission.overload import OverloadGuard, SubmitGate
 from services.admission.routes_arrays import ArrayOut, array_out
 from services.admission.routes_arrays import router as arrays_router
 from services.admission.routes_environments import router as environments_router
@@ -205,7 +206,10 @@ async def _read_spec(request: Request) -> JobSpec:
                             detail=_validation_detail(exc)) from exc
 
 
-def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyCheck) -> FastAPI:
+def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyCheck,
+               guard: OverloadGuard | None = None) -> FastAPI:
+    """``guard``: the overload bounds, kept current by the service's sampling loop (a
+    guard nobody samples bounds only the submits in flight)."""
     app = FastAPI(
         title="Kairos gateway",
         version="1",
@@ -213,12 +217,16 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
     )
     app.state.settings = settings
     app.state.engine = engine
+    app.state.overload = guard = guard or OverloadGuard(
+        settings.max_submits_in_flight, settings.max_intake_lag_s, settings.intake_sample_s)
     add_ops_routes(app, ready)
-    # each added middleware wraps those before it: _measure > BodyLimit >
-    # DatabaseErrors > the routes. So _measure counts every answer, 413 and 503
-    # included, and an oversized body is refused before anything reads the database.
+    # each added middleware wraps those before it: _measure > SubmitGate > BodyLimit >
+    # DatabaseErrors > the routes. So _measure counts every answer, 429, 413 and 503
+    # included, an overloaded gateway refuses a submit before it reads anything, and an
+    # oversized body is refused before anything reads the database.
     app.add_middleware(DatabaseErrors, retry_after_s=settings.db_retry_after_s)
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(SubmitGate, guard=guard)
 
     @app.middleware("http")
     async def _measure(request: Request, call_next: Any) -> Any:

@@ -8,6 +8,7 @@ from datetime import timedelta
 from services.admission import store, tokens
 from services.admission.app import create_app
 from services.admission.node_health import GpuHealthTracker
+from services.admission.overload import OverloadGuard
 from services.admission.settings import AdmissionSettings
 from shared.bus import Consumer, ConsumerOptions
 from shared.events import Envelope, Event
@@ -51,7 +52,14 @@ async def main(settings: AdmissionSettings | None = None) -> None:
                         timedelta(seconds=settings.outbox_replay_window_s))
     rt.add_loop(relay.run)
     rt.add_loop(BrokerWatch(settings, engine, rt.producer).run)
-    app = create_app(settings, engine, rt.ready)
+    guard = OverloadGuard(settings.max_submits_in_flight, settings.max_intake_lag_s,
+                          settings.intake_sample_s)
+
+    async def intake_lag() -> None:
+        await guard.watch(engine)
+
+    rt.add_loop(intake_lag)
+    app = create_app(settings, engine, rt.ready, guard)
     await rt.run(HttpServer(app, settings.http_host, settings.http_port))
 
 

@@ -27,6 +27,12 @@ class AdmissionSettings(CommonSettings):
     submit_rate_per_s: float = Field(default=500.0, ge=0)
     submit_burst: int = Field(default=2000, ge=1)
     tenant_submit_limits: dict[str, SubmitLimit] = Field(default_factory=dict)
+    # graceful overload (overload.py): a submit past either bound is 429 with Retry-After.
+    # Submits one replica handles at once (0 = no bound), and how far behind the platform
+    # may be in taking up accepted jobs, in seconds (0 = no bound), sampled this often
+    max_submits_in_flight: int = Field(default=64, ge=0)
+    max_intake_lag_s: float = Field(default=30.0, ge=0)
+    intake_sample_s: float = Field(default=1.0, gt=0)
     # elements one job array may have (Slurm's MaxArraySize is 1001 by default): all are
     # stored in one transaction, so this bounds a submit's work
     max_array_size: int = Field(default=10_000, ge=1, le=100_000)

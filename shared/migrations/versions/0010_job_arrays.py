@@ -1,6 +1,7 @@
-"""Job arrays (issue 16): one submit, many jobs. The array keeps the request (its spec,
+"""Job arrays and the intake lag (issue 16): one submit, many jobs. The array keeps the request (its spec,
 indices and cap, the Idempotency-Key a retry is known by); each element is a job row
-that names its array and index.
+that names its array and index. The gateway's overload bound reads the oldest job
+queueing has not taken up yet, often: a partial index keeps that one row away.
 
 Revision ID: 0010
 """
@@ -38,12 +39,14 @@ def upgrade() -> None:
     );
     ALTER TABLE jobs ADD COLUMN array_id text;
     ALTER TABLE jobs ADD COLUMN array_index int;
-    CREATE INDEX jobs_by_array ON jobs (array_id, array_index) WHERE array_id IS NOT NULL
+    CREATE INDEX jobs_by_array ON jobs (array_id, array_index) WHERE array_id IS NOT NULL;
+    CREATE INDEX jobs_unseen ON jobs (submitted_at) WHERE state = 'pending' AND reason = 'accepted'
     """)
 
 
 def downgrade() -> None:
     _run("""
+    DROP INDEX jobs_unseen;
     DROP INDEX jobs_by_array;
     ALTER TABLE jobs DROP COLUMN array_index;
     ALTER TABLE jobs DROP COLUMN array_id;

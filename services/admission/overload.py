@@ -1,0 +1,104 @@
+"""Graceful overload: past what the platform can take, a submit is refused at once with
+429 and ``Retry-After`` instead of waiting in a queue nobody sees.
+
+Two bounds, each cheap to check on every submit (a pure ASGI middleware in front of the
+submit routes, before the body is read or a token looked up):
+
+- **in flight**: submits this replica is handling now. Past ``max_submits_in_flight``,
+  each new one would only wait behind the others for the same CPU, so the answer is
+  429 now and the accepted ones keep a bounded latency.
+- **intake lag**: how long the oldest accepted job has gone without queueing taking it
+  up (still ``pending`` with reason ``accepted``: its event unpublished, unread, or not
+  yet ordered). It covers the outbox, the broker and queueing in one figure, and every
+  replica reads the same one from PostgreSQL (sampled every ``intake_sample_s``). Past
+  ``max_intake_lag_s`` the platform is behind, and more work would only lengthen what
+  every job waits: new submits are refused until it catches up.
+
+Nothing accepted is lost either way: a refusal stores nothing, and a client retries
+after ``Retry-After`` (with its Idempotency-Key, a retry is safe).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+from prometheus_client import Gauge
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from services.admission.ratelimit import REFUSED
+
+SUBMIT_PATHS = ("/v1/jobs", "/v1/environments")
+IN_FLIGHT = Gauge("kairos_admission_submits_in_flight", "Submits being handled now")
+INTAKE_LAG = Gauge("kairos_admission_intake_lag_seconds",
+                   "Age of the oldest accepted job queueing has not taken up yet")
+_OLDEST_UNSEEN = text("""SELECT EXTRACT(EPOCH FROM now() - min(submitted_at)) FROM jobs
+                         WHERE state = 'pending' AND reason = 'accepted'""")
+
+
+class OverloadGuard:
+    """What the bounds are and where the platform stands against them."""
+
+    def __init__(self, max_in_flight: int, max_intake_lag_s: float,
+                 sample_s: float = 1.0) -> None:
+        self.max_in_flight = max_in_flight
+        self.max_intake_lag_s = max_intake_lag_s
+        self.sample_s = sample_s
+        self.in_flight = 0
+        self.intake_lag_s = 0.0
+
+    def refusal(self) -> tuple[str, int] | None:
+        """(why, Retry-After seconds) when a new submit is to be refused now."""
+        if self.max_in_flight and self.in_flight >= self.max_in_flight:
+            return (f"this gateway is handling {self.in_flight} submits, as many as it "
+                    "takes at once: retry shortly"), 1
+        if self.max_intake_lag_s and self.intake_lag_s > self.max_intake_lag_s:
+            behind = self.intake_lag_s - self.max_intake_lag_s
+            return (f"the platform is {self.intake_lag_s:.0f} s behind taking up accepted "
+                    f"jobs (the bound is {self.max_intake_lag_s:g} s): retry when it has "
+                    "caught up"), max(1, min(30, math.ceil(behind)))
+        return None
+
+    async def sample(self, engine: AsyncEngine) -> None:
+        async with engine.connect() as conn:
+            lag = await conn.scalar(_OLDEST_UNSEEN)
+        self.intake_lag_s = max(0.0, float(lag or 0.0))
+        INTAKE_LAG.set(self.intake_lag_s)
+
+    async def watch(self, engine: AsyncEngine) -> None:
+        """The service loop that keeps ``intake_lag_s`` current."""
+        while True:
+            started = time.monotonic()
+            await self.sample(engine)
+            await asyncio.sleep(max(0.0, self.sample_s - (time.monotonic() - started)))
+
+
+class SubmitGate:
+    """The ASGI middleware: refuses a submit past a bound, counts those let through."""
+
+    def __init__(self, app: ASGIApp, guard: OverloadGuard) -> None:
+        self.app, self.guard = app, guard
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" \
+                or scope["path"] not in SUBMIT_PATHS:
+            await self.app(scope, receive, send)
+            return
+        refused = self.guard.refusal()
+        if refused is not None:
+            why, retry_after = refused
+            REFUSED.labels("overload").inc()
+            await JSONResponse({"detail": why}, status_code=429, headers={
+                "Retry-After": str(retry_after)})(scope, receive, send)
+            return
+        self.guard.in_flight += 1
+        IN_FLIGHT.inc()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.guard.in_flight -= 1
+            IN_FLIGHT.dec()

@@ -322,6 +322,12 @@ async def floor(bootstrap: str, rate: float, seconds: float) -> dict[str, float]
         proc.wait()
 
 
+def held_rates(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rates held: every submit accepted at the rate asked, nothing lost."""
+    return [r for r in runs if r["lost"] == 0 and r["errors"] == 0
+            and r["submits_per_s"] >= 0.95 * r["target_rate"]]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--rates", default="50,100,200")
@@ -329,6 +335,8 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=32)
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--load-out", type=Path, default=LOAD_RESULTS)
+    ap.add_argument("--overload", action="store_true",
+                    help="then submit at twice the knee: what is accepted, refused (429), lost")
     ap.add_argument("--split-submit", action="store_true",
                     help="also time admission's relay send (a second reader: slows queueing)")
     args = ap.parse_args()
@@ -348,10 +356,21 @@ def main() -> None:
             r.update(asyncio.run(floor(stack.kafka_bootstrap or "", rate, min(args.seconds, 30))))
             runs.append(r)
             print(json.dumps(r), flush=True)
+        ok = held_rates(runs)
+        knee = max(r["target_rate"] for r in ok) if ok else 0.0
+        overload = None
+        if args.overload and knee:
+            print(f"overload: {2 * knee:g}/s for {args.seconds:g}s ...", flush=True)
+            o = asyncio.run(measure_rate(stack, 2 * knee, args.seconds))
+            overload = {"rate": 2 * knee, "accepted_per_s": o["submits_per_s"],
+                        "refused_429": o["refused_429"], "other_errors": o["errors"]
+                        - o["refused_429"], "lost": o["lost"],
+                        "p50_http_accepted_ms": o["p50_http_submit_ms"],
+                        "p99_http_accepted_ms": o["p99_http_submit_ms"],
+                        "p99_bound_ms": o["p99_bound_ms"], "cpu_ms_per_job": o["cpu_ms_per_job"]}
+            print(json.dumps(overload), flush=True)
     finally:
         stack.stop()
-    ok = [r for r in runs if r["lost"] == 0 and r["errors"] == 0
-          and r["submits_per_s"] >= 0.95 * r["target_rate"]]
     best = max(ok, key=lambda r: r["target_rate"]) if ok else runs[-1]
     result = {
         "submits_per_s": best["submits_per_s"],
@@ -361,6 +380,9 @@ def main() -> None:
         "floor_p99_ms": best["floor_p99_ms"],
         "lost": sum(r["lost"] for r in runs),
         "bound_p99_over_floor_p99": round(best["p99_bound_ms"] / best["floor_p99_ms"], 2),
+        "knee_per_s": knee,
+        "cpu_ms_per_job": best["cpu_ms_per_job"],
+        "overload": overload,
         "cluster": f"{args.nodes}x8 GPUs (simulated)",
         "job": "1 GPU, 1 s",
         "seconds_per_rate": args.seconds,

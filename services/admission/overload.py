@@ -4,9 +4,16 @@
 Two bounds, each cheap to check on every submit (a pure ASGI middleware in front of the
 submit routes, before the body is read or a token looked up):
 
-- **in flight**: submits this replica is handling now. Past ``max_submits_in_flight``,
-  each new one would only wait behind the others for the same CPU, so the answer is
-  429 now and the accepted ones keep a bounded latency.
+- **in flight**: submits this replica is handling now. Past its limit, each new one
+  would only wait behind the others for the same CPU, so the answer is 429 now and the
+  accepted ones keep a bounded latency. The limit adapts to what this machine does
+  (AIMD, as TCP's window or Netflix's concurrency-limits), on the moving average of
+  how long the submits let in took (a few slow ones among many fast do not count as
+  overload): while it is over ``submit_latency_target_s`` the limit shrinks by a tenth
+  once per target interval; while it is within, each submit grows it by 1/limit. It
+  stays between a few and ``max_submits_in_flight``: on a quiet gateway it sits at the
+  maximum, so a burst is accepted; on a saturated one it settles where the submits it
+  lets in finish, on average, within the target.
 - **intake lag**: how long the oldest accepted job has gone without queueing taking it
   up (still ``pending`` with reason ``accepted``: its event unpublished, unread, or not
   yet ordered). It covers the outbox, the broker and queueing in one figure, and every
@@ -23,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
 
 from prometheus_client import Gauge
 from sqlalchemy import text
@@ -33,6 +41,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from services.admission.ratelimit import REFUSED
 
 SUBMIT_PATHS = ("/v1/jobs", "/v1/environments")
+LATENCY_WEIGHT = 0.05  # of the latest submit in the moving average (about the last 20)
+MIN_IN_FLIGHT = 4  # the adaptive limit never shuts a replica to fewer submits at once
+SUBMIT_LIMIT = Gauge("kairos_admission_submit_limit",
+                     "Submits this replica takes at once now (adapts to its latency)")
 IN_FLIGHT = Gauge("kairos_admission_submits_in_flight", "Submits being handled now")
 INTAKE_LAG = Gauge("kairos_admission_intake_lag_seconds",
                    "Age of the oldest accepted job queueing has not taken up yet")
@@ -44,24 +56,46 @@ class OverloadGuard:
     """What the bounds are and where the platform stands against them."""
 
     def __init__(self, max_in_flight: int, max_intake_lag_s: float,
-                 sample_s: float = 1.0) -> None:
+                 sample_s: float = 1.0, latency_target_s: float = 0.5,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.max_in_flight = max_in_flight
+        self.min_in_flight = min(MIN_IN_FLIGHT, max_in_flight)
+        self.limit = float(max_in_flight)
+        self.latency_target_s = latency_target_s
         self.max_intake_lag_s = max_intake_lag_s
         self.sample_s = sample_s
         self.in_flight = 0
         self.intake_lag_s = 0.0
+        self._clock = clock
+        self._shrunk_at = -1e9
+        self.latency_s = 0.0  # moving average of the submits let in
+        SUBMIT_LIMIT.set(self.limit)
 
     def refusal(self) -> tuple[str, int] | None:
         """(why, Retry-After seconds) when a new submit is to be refused now."""
-        if self.max_in_flight and self.in_flight >= self.max_in_flight:
+        if self.max_in_flight and self.in_flight >= int(self.limit):
             return (f"this gateway is handling {self.in_flight} submits, as many as it "
-                    "takes at once: retry shortly"), 1
+                    "takes at once now: retry shortly"), 1
         if self.max_intake_lag_s and self.intake_lag_s > self.max_intake_lag_s:
             behind = self.intake_lag_s - self.max_intake_lag_s
             return (f"the platform is {self.intake_lag_s:.0f} s behind taking up accepted "
                     f"jobs (the bound is {self.max_intake_lag_s:g} s): retry when it has "
                     "caught up"), max(1, min(30, math.ceil(behind)))
         return None
+
+    def finished(self, seconds: float) -> None:
+        """A submit let through took ``seconds``: adapt the in-flight limit."""
+        if not self.max_in_flight or not self.latency_target_s:
+            return
+        now = self._clock()
+        self.latency_s += LATENCY_WEIGHT * (seconds - self.latency_s)
+        if self.latency_s > self.latency_target_s:
+            if now - self._shrunk_at >= self.latency_target_s:
+                self.limit = max(float(self.min_in_flight), self.limit * 0.9)
+                self._shrunk_at = now
+        else:
+            self.limit = min(float(self.max_in_flight), self.limit + 1.0 / self.limit)
+        SUBMIT_LIMIT.set(self.limit)
 
     async def sample(self, engine: AsyncEngine) -> None:
         async with engine.connect() as conn:
@@ -97,8 +131,10 @@ class SubmitGate:
             return
         self.guard.in_flight += 1
         IN_FLIGHT.inc()
+        started = time.monotonic()
         try:
             await self.app(scope, receive, send)
         finally:
             self.guard.in_flight -= 1
             IN_FLIGHT.dec()
+            self.guard.finished(time.monotonic() - started)

@@ -77,6 +77,10 @@ QUOTA_GPUS = Gauge("kairos_queueing_quota_gpus", "A queue's GPUs: guaranteed, us
                    ["queue", "kind"])
 MAX_WAITING_LISTED = 500
 CLASS_RANK = {"low": 0, "normal": 1, "high": 2, "urgent": 3}
+# the job-level reports queueing acts on (a pending one is its own notice coming back)
+_STATUS_MATTERS = frozenset({JobState.ADMITTED, JobState.BOUND, JobState.RUNNING,
+                             JobState.PREEMPTED, JobState.SUCCEEDED, JobState.FAILED,
+                             JobState.CANCELLED})
 QUEUES_TOPIC = topic_for(QueueChanged(queue="-", change="updated")).name
 
 
@@ -265,13 +269,21 @@ class Queueing:
                         job_id=e.job_id, state=JobState.FAILED, reason=f"no queue {e.queue} "
                         "to hold it (unknown or a cohort)"), f"failed-q-{e.job_id}")
             self._dirty = True
+        statuses: list[JobStatus] = []  # a run of them: applied in one transaction
         for _, event in items:  # in order: a cancel may follow its submit in one batch
+            if isinstance(event, JobStatus):
+                if event.task is None and event.state in _STATUS_MATTERS:
+                    statuses.append(event)
+                continue
+            if statuses:
+                await self._on_statuses(statuses)
+                statuses = []
             if isinstance(event, JobCommand) and event.action is CommandAction.CANCEL:
                 await self._cancel(event)
-            elif isinstance(event, JobStatus) and event.task is None:
-                await self._on_status(event)
             elif isinstance(event, QueueCommand):
                 await self._on_queue_command(event)
+        if statuses:
+            await self._on_statuses(statuses)
 
     async def _cancel(self, cmd: JobCommand) -> None:
         async with self.engine.begin() as conn:
@@ -288,32 +300,44 @@ class Queueing:
                 reason=cmd.reason or "cancelled while queued"), f"cancelled-q-{cmd.job_id}")
         self._dirty = True
 
-    async def _on_status(self, st: JobStatus) -> None:
+    async def _on_statuses(self, statuses: list[JobStatus]) -> None:
+        """Job-level reports, in order, in one transaction (a fetch brings many: one
+        transaction each was most of this service's time under load)."""
         async with self.engine.begin() as conn:
-            row = await store.lock_job(conn, st.job_id)
-            if row is None or row.state in ("done", "cancelled", "queued"):
-                return  # unknown, ended, or a report of an attempt before its requeue
-            if st.attempt < row.attempt:
-                return
-            if st.state.terminal:
-                await store.update_job(conn, st.job_id, state="done", phase=st.state.value)
+            rows = await store.lock_jobs(conn, sorted({st.job_id for st in statuses}))
+            for st in statuses:
+                row = rows.get(st.job_id)
+                if row is not None:
+                    await self._on_status(conn, row, st)
+
+    async def _on_status(self, conn: Any, row: JobRow, st: JobStatus) -> None:
+        """Apply one report to the locked ``row`` (kept up to date for the next)."""
+        if row.state in ("done", "cancelled", "queued"):
+            return  # ended, or a report of an attempt before its requeue
+        if st.attempt < row.attempt:
+            return
+        if st.state.terminal:
+            await store.update_job(conn, st.job_id, state="done", phase=st.state.value)
+            row.state, row.phase = "done", st.state.value
+            self._dirty = True
+        elif st.state is JobState.PREEMPTED:
+            if row.state == "reclaiming":  # back to its queue, without its quota
+                await store.update_job(conn, st.job_id, state="queued",
+                                       attempt=row.attempt + 1, phase="", borrowing=False,
+                                       reason="", admitted_at=None, started_at=None)
+                await self._queue(conn, JobStatus(
+                    job_id=st.job_id, state=JobState.PENDING, attempt=row.attempt + 1,
+                    reason=f"requeued in queue {row.queue}: its quota was reclaimed"),
+                    f"requeued-{st.job_id}-{row.attempt + 1}")
+                row.state, row.attempt = "queued", row.attempt + 1
                 self._dirty = True
-            elif st.state is JobState.PREEMPTED:
-                if row.state == "reclaiming":  # back to its queue, without its quota
-                    await store.update_job(conn, st.job_id, state="queued",
-                                           attempt=row.attempt + 1, phase="", borrowing=False,
-                                           reason="", admitted_at=None, started_at=None)
-                    await self._queue(conn, JobStatus(
-                        job_id=st.job_id, state=JobState.PENDING, attempt=row.attempt + 1,
-                        reason=f"requeued in queue {row.queue}: its quota was reclaimed"),
-                        f"requeued-{st.job_id}-{row.attempt + 1}")
-                    self._dirty = True
-                # else the scheduler's own preemption: it retries the job, quota still held
-            elif st.state in (JobState.ADMITTED, JobState.BOUND, JobState.RUNNING):
-                values: dict[str, Any] = {"phase": st.state.value, "attempt": st.attempt}
-                if st.state is JobState.RUNNING:
-                    values["started_at"] = _dt(self.clock())
-                await store.update_job(conn, st.job_id, **values)
+            # else the scheduler's own preemption: it retries the job, quota still held
+        elif st.state in (JobState.ADMITTED, JobState.BOUND, JobState.RUNNING):
+            values: dict[str, Any] = {"phase": st.state.value, "attempt": st.attempt}
+            if st.state is JobState.RUNNING:
+                values["started_at"] = _dt(self.clock())
+            await store.update_job(conn, st.job_id, **values)
+            row.phase, row.attempt = st.state.value, st.attempt
 
     # --- the cycle ---------------------------------------------------------------------
 
@@ -344,10 +368,14 @@ class Queueing:
             sub = JobSubmitted.model_validate(row.event)
             req = job_request(sub, row.attempt)
             h = self._held[key] = Held(row.seq, sub, row.attempt, req, demand(req))
-            if len(self._held) > 200_000:  # forget the oldest (they are re-parsed if needed)
-                for k in list(self._held)[:100_000]:
-                    del self._held[k]
         return h
+
+    def _forget_oldest(self) -> None:
+        """Keep the parsed jobs bounded (the oldest are parsed again if still held).
+        Only between cycles: a cycle reads no event of a job it holds parsed."""
+        if len(self._held) > 200_000:
+            for k in list(self._held)[:100_000]:
+                del self._held[k]
 
     async def _cycle_tree(self, top: str) -> None:
         tree = self.tree
@@ -357,7 +385,9 @@ class Queueing:
         async with self.engine.begin() as conn:
             await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"),
                                {"k": store.tree_lock_key(top)})
-            rows = await store.active_jobs(conn, queues)
+            self._forget_oldest()
+            rows = await store.active_jobs(conn, queues,
+                                           lambda job_id, attempt: (job_id, attempt) in self._held)
             holding = [r for r in rows if r.state in ("admitted", "reclaiming")]
             arrays = ArrayCaps(self._held_of(r).event for r in holding)
             usage: dict[str, tuple[float, float, float]] = {}

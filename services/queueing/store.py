@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -100,14 +101,28 @@ async def insert_jobs(conn: AsyncConnection, rows: list[dict[str, Any]]) -> None
            VALUES (:j, :q, :t, :s, CAST(:e AS jsonb)) ON CONFLICT (job_id) DO NOTHING"""), rows)
 
 
-async def active_jobs(conn: AsyncConnection, queues: list[str]) -> list[JobRow]:
+async def active_jobs(conn: AsyncConnection, queues: list[str],
+                      known: Callable[[str, int], bool] = lambda job_id, attempt: False
+                      ) -> list[JobRow]:
+    """The queues' held jobs, locked, in order. A job's event (its whole spec) is read
+    only where ``known(job_id, attempt)`` says the caller has not parsed it already:
+    every cycle reads every held job, and the backlog grows fastest when the service is
+    busiest, so re-reading what it holds would make each cycle slower the further it is
+    behind. The others' ``event`` is empty."""
     rows = (await conn.execute(text(
-        """SELECT job_id, seq, queue, state, attempt, phase, borrowing, reason, notices, event,
+        """SELECT job_id, seq, queue, state, attempt, phase, borrowing, reason, notices,
                   admitted_at, started_at
            FROM queue_jobs WHERE state IN ('queued', 'admitted', 'reclaiming')
                AND queue = ANY(:q) ORDER BY seq FOR UPDATE"""), {"q": queues})).all()
+    missing = [r.job_id for r in rows if not known(r.job_id, r.attempt)]
+    events: dict[str, Any] = {}
+    if missing:
+        events = dict((await conn.execute(text(
+            "SELECT job_id, event FROM queue_jobs WHERE job_id = ANY(:j)"), {"j": missing})
+        ).tuples().all())
     return [JobRow(r.job_id, r.seq, r.queue, r.state, r.attempt, r.phase, r.borrowing, r.reason,
-                   r.notices, _json(r.event), r.admitted_at, r.started_at) for r in rows]
+                   r.notices, _json(events[r.job_id]) if r.job_id in events else {},
+                   r.admitted_at, r.started_at) for r in rows]
 
 
 async def lock_job(conn: AsyncConnection, job_id: str) -> JobRow | None:
@@ -119,6 +134,19 @@ async def lock_job(conn: AsyncConnection, job_id: str) -> JobRow | None:
         return None
     return JobRow(r.job_id, r.seq, r.queue, r.state, r.attempt, r.phase, r.borrowing, r.reason,
                   r.notices, {}, r.admitted_at, r.started_at)
+
+
+async def lock_jobs(conn: AsyncConnection, job_ids: list[str]) -> dict[str, JobRow]:
+    """Several jobs' rows (without their events), locked in ``seq`` order: the order a
+    cycle locks them in, so the two never wait on each other in a circle."""
+    rows = (await conn.execute(text(
+        """SELECT job_id, seq, queue, state, attempt, phase, borrowing, reason, notices,
+                  admitted_at, started_at
+           FROM queue_jobs WHERE job_id = ANY(:j) ORDER BY seq FOR UPDATE"""),
+        {"j": job_ids})).all()
+    return {r.job_id: JobRow(r.job_id, r.seq, r.queue, r.state, r.attempt, r.phase,
+                             r.borrowing, r.reason, r.notices, {}, r.admitted_at, r.started_at)
+            for r in rows}
 
 
 async def update_job(conn: AsyncConnection, job_id: str, **values: Any) -> None:

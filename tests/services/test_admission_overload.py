@@ -87,3 +87,28 @@ async def test_the_middleware_answers_the_lag_with_a_bounded_retry_after(db_url:
         r = await gw.http.post("/v1/jobs", json=JOB, headers=auth(tok))
         assert r.status_code == 429 and r.headers["retry-after"] == "30"
         assert await _count(gw.engine, "jobs") == 1
+
+
+def test_the_in_flight_limit_adapts_to_the_latency_of_what_it_lets_in() -> None:
+    now = [0.0]
+    guard = OverloadGuard(max_in_flight=64, max_intake_lag_s=0, latency_target_s=0.5,
+                          clock=lambda: now[0])
+    assert guard.limit == 64  # quiet: a burst of 64 is taken at once
+    for _ in range(20):  # a few slow ones among fast ones are not overload
+        guard.finished(0.05)
+    guard.finished(3.0)
+    assert guard.limit == 64 and guard.latency_s < 0.5
+    for _ in range(100):  # a burst of slow ones at one moment shrinks it once
+        guard.finished(2.0)
+    assert guard.limit == pytest.approx(57.6)
+    for _ in range(200):  # slow for a while: a tenth less per target interval, to the floor
+        now[0] += 0.5
+        guard.finished(2.0)
+    assert guard.limit == 4
+    guard.in_flight = 4
+    assert guard.refusal() is not None
+    guard.in_flight = 3
+    assert guard.refusal() is None
+    for _ in range(10_000):  # fast again: it grows back (by 1/limit each), up to the maximum
+        guard.finished(0.05)
+    assert guard.limit == 64

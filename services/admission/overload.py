@@ -56,7 +56,7 @@ class OverloadGuard:
     """What the bounds are and where the platform stands against them."""
 
     def __init__(self, max_in_flight: int, max_intake_lag_s: float,
-                 sample_s: float = 1.0, latency_target_s: float = 0.5,
+                 sample_s: float = 1.0, latency_target_s: float = 1.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.max_in_flight = max_in_flight
         self.min_in_flight = min(MIN_IN_FLIGHT, max_in_flight)

@@ -32,7 +32,7 @@ class AdmissionSettings(CommonSettings):
     # may be in taking up accepted jobs, in seconds (0 = no bound), sampled this often
     # (the limit adapts below it so that submits let in finish within the latency target)
     max_submits_in_flight: int = Field(default=64, ge=0)
-    submit_latency_target_s: float = Field(default=0.5, ge=0)
+    submit_latency_target_s: float = Field(default=1.0, ge=0)
     max_intake_lag_s: float = Field(default=30.0, ge=0)
     intake_sample_s: float = Field(default=1.0, gt=0)
     # elements one job array may have (Slurm's MaxArraySize is 1001 by default): all are

@@ -75,7 +75,8 @@ async def test_every_route_is_503_while_postgres_is_down_then_serves_again(
     async with gateway(url) as gw:
         user = await gw.token("vision", name="alice")
         job = await gw.submit(user)
-        ids = {"job": job, "elastic": job, "done": job, "env": job, "spare": "t-x"}
+        ids = {"job": job, "elastic": job, "done": job, "env": job, "spare": "t-x",
+               "array": "a-0000000000000000"}
 
         await asyncio.to_thread(pg.stop)
         with structlog.testing.capture_logs() as logged:

@@ -137,15 +137,47 @@ async def drive(stack: Stack, rate: float, seconds: float) -> dict[str, float]:
         start = time.monotonic()
         n = int(rate * seconds)
         tasks = []
+        behind = 0.0
         for i in range(n):
             delay = start + i / rate - time.monotonic()
+            behind = max(behind, -delay)
             if delay > 0:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(one()))
         await asyncio.gather(*tasks)
         elapsed = time.monotonic() - start
     return {"accepted": accepted, "sent": sent_at, "errors": errors,  # type: ignore[dict-item]
-            "elapsed": elapsed}
+            "elapsed": elapsed, "behind_s": behind}
+
+
+def submit_buckets(stack: Stack) -> dict[float, float]:
+    """The gateway's own histogram of accepted submits (cumulative count per bucket):
+    its view of their latency, which a client on a saturated machine cannot give (its
+    own event loop lags behind)."""
+    text = httpx.get(f"{stack.url}/metrics", timeout=10).text
+    out: dict[float, float] = {}
+    for line in text.splitlines():
+        if line.startswith("kairos_admission_submit_seconds_bucket{") and \
+                'outcome="accepted"' in line:
+            le = line.split('le="')[1].split('"')[0]
+            out[float("inf") if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def bucket_quantile(before: dict[float, float], after: dict[float, float],
+                    q: float) -> float | None:
+    """The upper bound (ms) of the bucket holding the q-th percentile of what was
+    observed between the two readings (past the last finite bucket: that bucket's bound,
+    read "at least"); None when nothing was."""
+    delta = sorted((le, after[le] - before.get(le, 0.0)) for le in after)
+    total = delta[-1][1] if delta else 0.0
+    if total <= 0:
+        return None
+    finite = [le for le, _ in delta if le != float("inf")]
+    for le, n in delta:
+        if n >= total * q / 100:
+            return (le if le != float("inf") else finite[-1]) * 1000
+    return finite[-1] * 1000
 
 
 def cpu_by_process(stack: Stack) -> dict[int, tuple[str, float]]:
@@ -191,7 +223,9 @@ async def measure_rate(stack: Stack, rate: float, seconds: float,
     tail = TopicTail(stack.kafka_bootstrap or "", split_submit)
     await tail.start()
     cpu0 = cpu_by_process(stack)
+    gate0 = submit_buckets(stack)
     run = await drive(stack, rate, seconds)
+    gate1 = submit_buckets(stack)
     accepted: dict[str, float] = run["accepted"]  # type: ignore[assignment]
     deadline = time.monotonic() + drain_s
     terminal = ("succeeded", "failed", "cancelled")
@@ -238,6 +272,12 @@ async def measure_rate(stack: Stack, rate: float, seconds: float,
         "p99_bound_ms": round(pct(bound, 99), 1),
         "p50_http_submit_ms": round(pct(http, 50), 1),
         "p99_http_submit_ms": round(pct(http, 99), 1),
+        # the gateway's own view of accepted submits (a bucket's upper bound)
+        "gateway_p50_submit_ms": bucket_quantile(gate0, gate1, 50),
+        "gateway_p99_submit_ms": bucket_quantile(gate0, gate1, 99),
+        # how far behind its schedule the client fell: past a few hundred ms, its
+        # HTTP timings measure its own event loop as much as the platform
+        "client_behind_s": round(float(run["behind_s"]), 2),  # type: ignore[arg-type]
         "p99_request_sent_to_bound_ms": round(pct(from_sent, 99), 1),
         "p50_running_ms": round(pct(running, 50), 1),
         "p99_running_ms": round(pct(running, 99), 1),
@@ -367,6 +407,9 @@ def main() -> None:
                         - o["refused_429"], "lost": o["lost"],
                         "p50_http_accepted_ms": o["p50_http_submit_ms"],
                         "p99_http_accepted_ms": o["p99_http_submit_ms"],
+                        "gateway_p50_accepted_ms": o["gateway_p50_submit_ms"],
+                        "gateway_p99_accepted_ms": o["gateway_p99_submit_ms"],
+                        "client_behind_s": o["client_behind_s"],
                         "p99_bound_ms": o["p99_bound_ms"], "cpu_ms_per_job": o["cpu_ms_per_job"]}
             print(json.dumps(overload), flush=True)
     finally:

@@ -32,11 +32,11 @@ import math
 import time
 from collections.abc import Callable
 
-from prometheus_client import Gauge
+from prometheus_client import Gauge, Histogram
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.admission.ratelimit import REFUSED
 
@@ -46,6 +46,10 @@ MIN_IN_FLIGHT = 4  # the adaptive limit never shuts a replica to fewer submits a
 SUBMIT_LIMIT = Gauge("kairos_admission_submit_limit",
                      "Submits this replica takes at once now (adapts to its latency)")
 IN_FLIGHT = Gauge("kairos_admission_submits_in_flight", "Submits being handled now")
+SUBMIT_SECONDS = Histogram(
+    "kairos_admission_submit_seconds", "Submits let through, from the gate to the answer, "
+    "by outcome (accepted: 2xx; refused: any other answer)", ["outcome"],
+    buckets=(.01, .025, .05, .1, .25, .5, .75, 1, 1.5, 2, 3, 5, 10, 30))
 INTAKE_LAG = Gauge("kairos_admission_intake_lag_seconds",
                    "Age of the oldest accepted job queueing has not taken up yet")
 _OLDEST_UNSEEN = text("""SELECT EXTRACT(EPOCH FROM now() - min(submitted_at)) FROM jobs
@@ -132,9 +136,18 @@ class SubmitGate:
         self.guard.in_flight += 1
         IN_FLIGHT.inc()
         started = time.monotonic()
+        status = [500]
+
+        async def noted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, noted)
         finally:
             self.guard.in_flight -= 1
             IN_FLIGHT.dec()
-            self.guard.finished(time.monotonic() - started)
+            took = time.monotonic() - started
+            self.guard.finished(took)
+            SUBMIT_SECONDS.labels("accepted" if status[0] < 300 else "refused").observe(took)

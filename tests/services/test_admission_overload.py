@@ -10,7 +10,7 @@ import asyncio
 import pytest
 from sqlalchemy import text
 
-from services.admission.overload import OverloadGuard
+from services.admission.overload import SUBMIT_SECONDS, OverloadGuard
 from tests.services.gateway_helpers import JOB, auth, gateway
 
 pytestmark = pytest.mark.db
@@ -43,7 +43,10 @@ async def test_past_the_submits_in_flight_a_submit_is_429_at_once(db_url: str) -
             listed = await gw.http.get("/v1/jobs", headers=auth(tok))
             assert listed.status_code == 200  # reads are not submits
             await tx.rollback()
+        accepted = SUBMIT_SECONDS.labels("accepted")._sum.get()  # type: ignore[attr-defined]
         assert [r.status_code for r in await asyncio.gather(*held)] == [201, 201]
+        # the gateway's own account of how long what it let through took: they waited
+        assert SUBMIT_SECONDS.labels("accepted")._sum.get() > accepted  # type: ignore[attr-defined]
         assert await _count(gw.engine, "jobs") == 3  # the refused ones stored nothing
         assert gw.app.state.overload.in_flight == 0
         await gw.submit(tok)

@@ -368,6 +368,33 @@ def held_rates(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             and r["submits_per_s"] >= 0.95 * r["target_rate"]]
 
 
+def run_baseline(rev: str, rates: str, seconds: float, nodes: int) -> dict[str, Any]:
+    """The same rates on another commit, from a git worktree, before this run's own
+    stack starts (so the two never share the machine): its knee and its runs."""
+    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", rev], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    tree = Path(tempfile.mkdtemp(prefix="kairos-baseline-"))
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), sha],
+                   check=True, capture_output=True)
+    try:
+        out = tree / "baseline.json"
+        # only the options every revision of this script takes; its other files stay in
+        # its worktree, removed below
+        subprocess.run([sys.executable, "bench/e2e_latency.py", "--rates", rates,
+                        "--seconds", str(seconds), "--nodes", str(nodes), "--out", str(out)],
+                       cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True)
+        data = json.loads(out.read_text())
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                       capture_output=True)
+    runs = data.get("runs", [])
+    ok = held_rates(runs)
+    keep = ("target_rate", "submits_per_s", "errors", "lost", "p50_bound_ms", "p99_bound_ms",
+            "p99_http_submit_ms", "floor_p99_ms", "cpu_ms_per_job")
+    return {"rev": sha, "knee_per_s": max(r["target_rate"] for r in ok) if ok else 0.0,
+            "runs": [{k: r.get(k) for k in keep} for r in runs]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--rates", default="50,100,200")
@@ -377,10 +404,17 @@ def main() -> None:
     ap.add_argument("--load-out", type=Path, default=LOAD_RESULTS)
     ap.add_argument("--overload", action="store_true",
                     help="then submit at twice the knee: what is accepted, refused (429), lost")
+    ap.add_argument("--baseline", metavar="REV", help="first run the same rates on "
+                    "another commit (a git worktree) and report its knee beside this one's")
     ap.add_argument("--split-submit", action="store_true",
                     help="also time admission's relay send (a second reader: slows queueing)")
     args = ap.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
+    baseline = None
+    if args.baseline:
+        print(f"baseline {args.baseline}: the same rates on that commit ...", flush=True)
+        baseline = run_baseline(args.baseline, args.rates, args.seconds, args.nodes)
+        print(json.dumps({k: baseline[k] for k in ("rev", "knee_per_s")}), flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="kairos-bench-"))
     stack = Stack(workdir=workdir, nodes=args.nodes, gpus_per_node=8, nodes_per_agent=16,
                   admission_port=free_port(), env={"KAIROS_LOG_LEVEL": "WARNING"})
@@ -424,6 +458,7 @@ def main() -> None:
         "lost": sum(r["lost"] for r in runs),
         "bound_p99_over_floor_p99": round(best["p99_bound_ms"] / best["floor_p99_ms"], 2),
         "knee_per_s": knee,
+        "baseline": baseline,
         "cpu_ms_per_job": best["cpu_ms_per_job"],
         "overload": overload,
         "cluster": f"{args.nodes}x8 GPUs (simulated)",
@@ -454,6 +489,8 @@ def main() -> None:
               f"  {r['floor_p99_ms']:11.1f}")
     print(f"\nwhere the time goes at {best['target_rate']:g}/s (p50 ms): {best['phases_p50_ms']}")
     print(f"CPU ms per job by part: {best['cpu_ms_per_job']}")
+    if baseline is not None:
+        print(f"knee {knee:g}/s; baseline {baseline['rev'][:8]}: {baseline['knee_per_s']:g}/s")
     print(f"wrote {args.out} and {args.load_out}")
 
 

@@ -217,9 +217,7 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
     )
     app.state.settings = settings
     app.state.engine = engine
-    app.state.overload = guard = guard or OverloadGuard(
-        settings.max_submits_in_flight, settings.max_intake_lag_s, settings.intake_sample_s,
-        settings.submit_latency_target_s)
+    app.state.overload = guard = guard or OverloadGuard.from_settings(settings)
     add_ops_routes(app, ready)
     # each added middleware wraps those before it: _measure > SubmitGate > BodyLimit >
     # DatabaseErrors > the routes. So _measure counts every answer, 429, 413 and 503

@@ -11,21 +11,19 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shared.bus import check_size
-from shared.events import CommandAction, Envelope, JobCommand, JobSubmitted, utcnow
-from shared.job_array import element_env, element_id, new_array_id
+from shared.events import CommandAction, Envelope, JobCommand, JobState, JobSubmitted, utcnow
+from shared.job_array import ArrayIndices, element_env, element_id, new_array_id
 from shared.jobspec import JobSpec
 from shared.outbox import DEFAULT_MAX_EVENT_BYTES, add_many
 from shared.topics import topic_for
 
 SOURCE = "admission"
-TERMINAL = ("succeeded", "failed", "cancelled")
+TERMINAL = [s.value for s in JobState if s.terminal]
 
 
-def element_spec(spec: JobSpec, array_id: str, index: int) -> JobSpec:
+def element_spec(spec: JobSpec, arr: ArrayIndices, array_id: str, index: int) -> JobSpec:
     """The array's spec for one index: no ``array`` of its own, the index in every task's
     environment (the platform's names win over the user's)."""
-    arr = spec.array_indices
-    assert arr is not None
     env = element_env(array_id, index, arr)
     return spec.model_copy(update={"array": None, "tasks": [
         t.model_copy(update={"env": {**t.env, **env}}) for t in spec.tasks]})
@@ -45,7 +43,7 @@ async def insert_array(
     elements = []
     for index in arr.indices:
         job_id = element_id(array_id, index)
-        espec = element_spec(spec, array_id, index)
+        espec = element_spec(spec, arr, array_id, index)
         event = JobSubmitted(
             job_id=job_id, queue=spec.queue, tenant=tenant, user=user, spec=espec,
             submitted_at=now, array_id=array_id, array_index=index,
@@ -111,7 +109,7 @@ async def cancel_array(engine: AsyncEngine, array_id: str, requested_by: str) ->
     async with engine.begin() as conn:
         ids = list((await conn.execute(text(
             "SELECT id FROM jobs WHERE array_id = :a AND state <> ALL(:ended)"
-            " ORDER BY array_index"), {"a": array_id, "ended": list(TERMINAL)})).scalars())
+            " ORDER BY array_index"), {"a": array_id, "ended": TERMINAL})).scalars())
         commands = [JobCommand(job_id=j, action=CommandAction.CANCEL,
                                reason="cancelled by user (the whole array)",
                                requested_by=requested_by) for j in ids]

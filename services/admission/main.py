@@ -52,8 +52,7 @@ async def main(settings: AdmissionSettings | None = None) -> None:
                         timedelta(seconds=settings.outbox_replay_window_s))
     rt.add_loop(relay.run)
     rt.add_loop(BrokerWatch(settings, engine, rt.producer).run)
-    guard = OverloadGuard(settings.max_submits_in_flight, settings.max_intake_lag_s,
-                          settings.intake_sample_s, settings.submit_latency_target_s)
+    guard = OverloadGuard.from_settings(settings)
 
     async def intake_lag() -> None:
         await guard.watch(engine)

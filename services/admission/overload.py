@@ -39,6 +39,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.admission.ratelimit import REFUSED
+from services.admission.settings import AdmissionSettings
 
 SUBMIT_PATHS = ("/v1/jobs", "/v1/environments")
 LATENCY_WEIGHT = 0.05  # of the latest submit in the moving average (about the last 20)
@@ -74,6 +75,11 @@ class OverloadGuard:
         self._shrunk_at = -1e9
         self.latency_s = 0.0  # moving average of the submits let in
         SUBMIT_LIMIT.set(self.limit)
+
+    @classmethod
+    def from_settings(cls, settings: AdmissionSettings) -> OverloadGuard:
+        return cls(settings.max_submits_in_flight, settings.max_intake_lag_s,
+                   settings.intake_sample_s, settings.submit_latency_target_s)
 
     def refusal(self) -> tuple[str, int] | None:
         """(why, Retry-After seconds) when a new submit is to be refused now."""

@@ -78,9 +78,7 @@ QUOTA_GPUS = Gauge("kairos_queueing_quota_gpus", "A queue's GPUs: guaranteed, us
 MAX_WAITING_LISTED = 500
 CLASS_RANK = {"low": 0, "normal": 1, "high": 2, "urgent": 3}
 # the job-level reports queueing acts on (a pending one is its own notice coming back)
-_STATUS_MATTERS = frozenset({JobState.ADMITTED, JobState.BOUND, JobState.RUNNING,
-                             JobState.PREEMPTED, JobState.SUCCEEDED, JobState.FAILED,
-                             JobState.CANCELLED})
+_STATUS_MATTERS = frozenset(JobState) - {JobState.PENDING}
 QUEUES_TOPIC = topic_for(QueueChanged(queue="-", change="updated")).name
 
 
@@ -304,7 +302,7 @@ class Queueing:
         """Job-level reports, in order, in one transaction (a fetch brings many: one
         transaction each was most of this service's time under load)."""
         async with self.engine.begin() as conn:
-            rows = await store.lock_jobs(conn, sorted({st.job_id for st in statuses}))
+            rows = await store.lock_jobs(conn, list({st.job_id for st in statuses}))
             for st in statuses:
                 row = rows.get(st.job_id)
                 if row is not None:

@@ -101,6 +101,15 @@ async def insert_jobs(conn: AsyncConnection, rows: list[dict[str, Any]]) -> None
            VALUES (:j, :q, :t, :s, CAST(:e AS jsonb)) ON CONFLICT (job_id) DO NOTHING"""), rows)
 
 
+_ROW_COLUMNS = """job_id, seq, queue, state, attempt, phase, borrowing, reason, notices,
+                  admitted_at, started_at"""
+
+
+def _row(r: Any, event: dict[str, Any]) -> JobRow:
+    return JobRow(r.job_id, r.seq, r.queue, r.state, r.attempt, r.phase, r.borrowing, r.reason,
+                  r.notices, event, r.admitted_at, r.started_at)
+
+
 async def active_jobs(conn: AsyncConnection, queues: list[str],
                       known: Callable[[str, int], bool] = lambda job_id, attempt: False
                       ) -> list[JobRow]:
@@ -110,8 +119,7 @@ async def active_jobs(conn: AsyncConnection, queues: list[str],
     busiest, so re-reading what it holds would make each cycle slower the further it is
     behind. The others' ``event`` is empty."""
     rows = (await conn.execute(text(
-        """SELECT job_id, seq, queue, state, attempt, phase, borrowing, reason, notices,
-                  admitted_at, started_at
+        f"""SELECT {_ROW_COLUMNS}
            FROM queue_jobs WHERE state IN ('queued', 'admitted', 'reclaiming')
                AND queue = ANY(:q) ORDER BY seq FOR UPDATE"""), {"q": queues})).all()
     missing = [r.job_id for r in rows if not known(r.job_id, r.attempt)]
@@ -120,33 +128,21 @@ async def active_jobs(conn: AsyncConnection, queues: list[str],
         events = dict((await conn.execute(text(
             "SELECT job_id, event FROM queue_jobs WHERE job_id = ANY(:j)"), {"j": missing})
         ).tuples().all())
-    return [JobRow(r.job_id, r.seq, r.queue, r.state, r.attempt, r.phase, r.borrowing, r.reason,
-                   r.notices, _json(events[r.job_id]) if r.job_id in events else {},
-                   r.admitted_at, r.started_at) for r in rows]
+    return [_row(r, _json(events[r.job_id]) if r.job_id in events else {}) for r in rows]
 
 
 async def lock_job(conn: AsyncConnection, job_id: str) -> JobRow | None:
-    r = (await conn.execute(text(
-        """SELECT job_id, seq, queue, state, attempt, phase, borrowing, reason, notices,
-                  '{}'::jsonb AS event, admitted_at, started_at
-           FROM queue_jobs WHERE job_id = :j FOR UPDATE"""), {"j": job_id})).first()
-    if r is None:
-        return None
-    return JobRow(r.job_id, r.seq, r.queue, r.state, r.attempt, r.phase, r.borrowing, r.reason,
-                  r.notices, {}, r.admitted_at, r.started_at)
+    return (await lock_jobs(conn, [job_id])).get(job_id)
 
 
 async def lock_jobs(conn: AsyncConnection, job_ids: list[str]) -> dict[str, JobRow]:
     """Several jobs' rows (without their events), locked in ``seq`` order: the order a
     cycle locks them in, so the two never wait on each other in a circle."""
     rows = (await conn.execute(text(
-        """SELECT job_id, seq, queue, state, attempt, phase, borrowing, reason, notices,
-                  admitted_at, started_at
+        f"""SELECT {_ROW_COLUMNS}
            FROM queue_jobs WHERE job_id = ANY(:j) ORDER BY seq FOR UPDATE"""),
         {"j": job_ids})).all()
-    return {r.job_id: JobRow(r.job_id, r.seq, r.queue, r.state, r.attempt, r.phase,
-                             r.borrowing, r.reason, r.notices, {}, r.admitted_at, r.started_at)
-            for r in rows}
+    return {r.job_id: _row(r, {}) for r in rows}
 
 
 async def update_job(conn: AsyncConnection, job_id: str, **values: Any) -> None:

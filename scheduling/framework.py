@@ -104,6 +104,7 @@ class Placing:
     remaining: int = 1  # replicas of the gang still to place, this one included
     nodes: list[int] = field(default_factory=list)
     roles: list[str] = field(default_factory=list)
+    domains: dict[int, set[int]] = field(default_factory=dict)  # node -> NVLink domains its GPUs use
 
 
 class RunTable:
@@ -150,6 +151,7 @@ class Cycle:
         self.role_rank: dict[str, int] = {}  # intra-job task order (priority plugin)
         self.starvation_bound_s: float | None = None
         self.spread = False
+        self.gang_racks = False  # a gang also on the fewest racks that hold it on the fewest nodes (topology)
         self.enforce_models = False
         self.gpu_penalty: FloatArray | None = None  # per GPU, from telemetry
         self.quota_book: QuotaBook | None = None

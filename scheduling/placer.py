@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from scheduling.framework import Cycle, JobInfo, Placing, Plugin
+from scheduling.gangfit import GangFence
 from scheduling.model import Bind, GpuUse, TaskRequest
 from scheduling.stash import swap
 from scheduling.state import BoolArray, ClusterState, FloatArray, IntArray
@@ -279,7 +280,9 @@ class Placer:
 
     def default_pick(self, p: Placing, i: int) -> tuple[GpuUse, ...] | None:
         """GPUs on node ``i``: whole ones inside one NVLink domain if possible (the
-        tightest that holds them), shares best-fit (spread: most free), MIG best-fit."""
+        tightest that holds them; for a gang, the one that holds most of its replicas
+        still to come, then one it already uses), shares best-fit (spread: most free),
+        MIG best-fit."""
         t, st, tbl = p.task, p.state, self.table
         if not (t.gpu or t.shared or t.mig):
             return ()
@@ -309,7 +312,11 @@ class Placer:
                 groups.setdefault(dom[j], []).append(j)
             fitting = [d for d, cs in groups.items() if len(cs) >= t.gpu]
             if fitting:
-                d = min(fitting, key=lambda d: (len(groups[d]), d))
+                # the domain that holds the most of the gang's replicas still to come
+                # (a single replica: any), then the tightest
+                left, mine = p.remaining, p.domains.get(i, ())
+                d = min(fitting, key=lambda d: (-min(len(groups[d]) // t.gpu, left), d not in mine,
+                                                len(groups[d]), d))
                 chosen = sorted(groups[d], key=lambda c: (prow[c], c))[: t.gpu]
             else:  # span the fewest domains: the fullest first
                 chosen = []
@@ -327,12 +334,21 @@ class Placer:
 
     # --- a whole job -----------------------------------------------------------------
     def place_job(self, st: ClusterState, info: JobInfo, block: BoolArray | None,
-                  need: int, prefix: Placing | None = None) -> tuple[list[Bind] | None, int]:
+                  need: int, prefix: Placing | None = None,
+                  fence: bool = True) -> tuple[list[Bind] | None, int]:
         """Place the job's replicas on ``st``: at least ``need`` of them, or none.
+
+        A gang goes on the fewest nodes (then, with the topology plugin, racks) that can
+        hold it now (``scheduling/gangfit.py``): each replica group that fits whole is
+        fenced to the nodes that keep that possible, the plugins choosing among them.
+        Where the fence cannot be kept (a task mask, a GPU pick refused), the job is
+        placed again without it, as the plugins alone would place it.
 
         Returns (binds, 0) on success, else (None, how many replicas had been placed).
         """
         remaining = sum(t.replicas for t in info.tasks)
+        gang = fence and remaining + (len(prefix.nodes) if prefix else 0) > 1 and not any(
+            r.anti for r in info.job.affinity)  # spread on purpose: as the plugins place it
         strict = need >= remaining
         if strict:
             # A necessary condition first: a gang that cannot fit is not placed and undone.
@@ -345,16 +361,22 @@ class Placer:
         binds: list[Bind] = []
         nodes = list(prefix.nodes) if prefix else []
         roles = list(prefix.roles) if prefix else []
+        domains: dict[int, set[int]] = {}
         node_ids = self.table.node_ids
+        multi_domain = self.table.multi_domain
         for task in info.tasks:
             base = self.static_mask(info, task)
             if block is not None:
                 base = base & ~block
-            p = Placing(info, task, st, remaining, nodes, roles)
+            p = Placing(info, task, st, remaining, nodes, roles, domains)
+            gf = GangFence.open(st, task, base, nodes, task.replicas, self.cycle.gang_racks) if gang else None
             for r in range(task.replicas):
                 p.remaining = remaining
-                res = self.choose(p, base)
+                res = self.choose(p, base if gf is None else base & gf.allowed())
                 if res is None:
+                    if gf is not None:  # the fence could not be kept: without it
+                        st.rollback(mark)
+                        return self.place_job(st, info, block, need, prefix, fence=False)
                     if strict:
                         placed = len(binds)
                         st.rollback(mark)
@@ -363,6 +385,11 @@ class Placer:
                     break
                 i, uses = res
                 st.take(i, task.cpu_milli, task.memory_mib, uses)
+                if gf is not None:
+                    gf.placed(i)
+                if multi_domain and task.gpu:
+                    dom, cols = self.table.nvlink_l[i], self.table.col_of[i]
+                    domains.setdefault(i, set()).update(dom[cols[u.index]] for u in uses)
                 binds.append(Bind(info.job.job_id, f"{task.name}-{r}", task.name, r, node_ids[i],
                                   uses, task.cpu_milli, task.memory_mib, task.role))
                 nodes.append(i)

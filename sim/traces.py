@@ -7,10 +7,13 @@ records in the core's units (seconds, millicores, MiB, GPU compute percent).
 from __future__ import annotations
 
 import csv
+import math
 import random
-from collections.abc import Iterator
+import statistics
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from pathlib import Path
 
 from scheduling import GpuSlot, Node
@@ -23,6 +26,92 @@ MURI = DATA / "muri"
 
 class TraceError(ValueError):
     """A trace file that cannot be read (missing required column, bad value)."""
+
+
+class TimeUnit(StrEnum):
+    """The unit of a trace's times (``--time-unit``)."""
+
+    S = "s"
+    MS = "ms"
+    US = "us"
+
+
+PER_SECOND = {TimeUnit.S: 1.0, TimeUnit.MS: 1e3, TimeUnit.US: 1e6}  # a time / this = seconds
+_NAMES = {TimeUnit.S: "seconds", TimeUnit.MS: "milliseconds", TimeUnit.US: "microseconds"}
+# Where a trace's median job duration is expected, in seconds: one minute to a thousand
+# minutes (Philly 19 min, the Muri traces 55 min to 4 h, the synthetic default 30 min).
+# The window is 1,000x wide, so a file read 1,000x off lands outside it.
+PLAUSIBLE_MEDIAN_S = (60.0, 60_000.0)
+# What whole seconds written in a finer unit may still mean: a median from 1 s to a year
+# (slices of a trace can be far from its median: Muri trace1's first 20 jobs, 27 days).
+SANE_MEDIAN_S = (1.0, 365 * 86400.0)
+
+
+def _plain(seconds: float) -> str:
+    for unit, size in (("days", 86400.0), ("h", 3600.0), ("min", 60.0), ("s", 1.0), ("ms", 1e-3)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds * 1e6:.3g} us"
+
+
+def whole_seconds_unit(durations: Sequence[float]) -> TimeUnit | None:
+    """The finer unit (ms, us) in which every duration is a whole number of seconds
+    (traces are mostly kept to the second: the Muri traces are whole seconds written in
+    ms); None if there is none."""
+    nz = [d for d in durations if d > 0]
+    if not nz:
+        return None
+    for u in (TimeUnit.US, TimeUnit.MS):
+        if all(d % PER_SECOND[u] == 0 for d in nz):
+            return u
+    return None
+
+
+def guess_unit(durations: Sequence[float], expected: TimeUnit) -> TimeUnit:
+    """The unit a file's times look like, from its durations: the finer unit they are
+    whole seconds in (when the median read so is sane), else the unit in which the
+    median job duration falls in (or nearest) ``PLAUSIBLE_MEDIAN_S``; ties go to
+    ``expected``."""
+    pos = [d for d in durations if d > 0]
+    if not pos:
+        return expected
+    med = statistics.median(pos)
+    whole = whole_seconds_unit(pos)
+    if whole is not None and SANE_MEDIAN_S[0] <= med / PER_SECOND[whole] <= SANE_MEDIAN_S[1]:
+        return whole
+    lo, hi = PLAUSIBLE_MEDIAN_S
+
+    def off(u: TimeUnit) -> float:  # how far (log) the median read in u lies outside the window
+        x = med / PER_SECOND[u]
+        return 0.0 if lo <= x < hi else min(abs(math.log(x / lo)), abs(math.log(x / hi)))
+
+    return min(TimeUnit, key=lambda u: (off(u), u != expected))
+
+
+def units_per_second(path: Path, fmt: str, durations: Sequence[float], expected: TimeUnit,
+                     unit: TimeUnit | str | None) -> float:
+    """The file's time units per second (a time / this = seconds): ``unit`` when given
+    (taken at its word); else the format's ``expected`` unit, unless the durations look
+    like another (``guess_unit``): such a file is refused (``TraceError``, saying what
+    it looks like and how to say which), never scaled 1,000x silently."""
+    if unit is not None:
+        try:
+            return PER_SECOND[TimeUnit(unit)]
+        except ValueError:
+            raise TraceError(f"unknown time unit {unit!r}; one of {[u.value for u in TimeUnit]}") from None
+    best = guess_unit(durations, expected)
+    if best == expected:
+        return PER_SECOND[expected]
+    med = statistics.median([d for d in durations if d > 0])
+    whole = whole_seconds_unit(durations) == best
+    why = f"every duration is whole seconds in {best.value}; " if whole else ""
+    lo, hi = PLAUSIBLE_MEDIAN_S
+    raise TraceError(
+        f"{path}: its times look like {_NAMES[best]}, not the {_NAMES[expected]} of the {fmt} format: "
+        f"{why}read as {expected.value}, the median job runs {_plain(med / PER_SECOND[expected])}; as "
+        f"{best.value}, {_plain(med / PER_SECOND[best])} (typical: {_plain(lo)} to {_plain(hi)}). "
+        f"Say which: --time-unit {best.value} (time_unit={best.value!r}) to read them as {_NAMES[best]}, "
+        f"or --time-unit {expected.value} to read them as {_NAMES[expected]} anyway.")
 
 
 def _rows(path: Path, required: tuple[str, ...]) -> Iterator[dict[str, str]]:
@@ -48,28 +137,39 @@ class TraceJob:
     tenant: str = "default"
 
 
-def load_philly(path: Path | str = PHILLY, limit: int | None = None) -> list[TraceJob]:
-    """Philly (Pollux/Sia CSV): timestamp, duration, num_gpus[, gpu_time, cluster].
+def load_philly(path: Path | str = PHILLY, limit: int | None = None,
+                time_unit: TimeUnit | str | None = None) -> list[TraceJob]:
+    """Philly (Pollux/Sia CSV): timestamp, duration (s), num_gpus[, gpu_time, cluster].
 
     Submit times are seconds since the earliest timestamp; jobs sorted by submit time
-    (ties by file order). ``limit`` keeps the first jobs by submit time."""
+    (ties by file order). ``limit`` keeps the first jobs by submit time. Durations are
+    read in ``time_unit``, else in seconds, and refused if they look like another unit
+    (``units_per_second``)."""
+    path = Path(path)
     raw = []
-    for k, r in enumerate(_rows(Path(path), ("timestamp", "duration", "num_gpus"))):
+    for k, r in enumerate(_rows(path, ("timestamp", "duration", "num_gpus"))):
         ts = datetime.fromisoformat(r["timestamp"].strip()).timestamp()
         raw.append((ts, k, float(r["duration"]), int(float(r["num_gpus"])), (r.get("cluster") or "default").strip()))
+    per_s = units_per_second(path, "Philly", [d for _, _, d, _, _ in raw], TimeUnit.S, time_unit)
     raw.sort()
     t0 = raw[0][0] if raw else 0.0
-    jobs = [TraceJob(f"philly-{k}", ts - t0, max(d, 1.0), max(g, 1), vc) for ts, k, d, g, vc in raw]
+    jobs = [TraceJob(f"philly-{k}", ts - t0, max(d / per_s, 1.0), max(g, 1), vc) for ts, k, d, g, vc in raw]
     return jobs[:limit] if limit is not None else jobs
 
 
-def load_muri(path: Path | str, limit: int | None = None) -> list[TraceJob]:
-    """Muri / Tiresias CSV: job_id, num_gpu, submit_time, duration (ms), ... ."""
-    jobs = []
-    for r in _rows(Path(path), ("job_id", "num_gpu", "submit_time", "duration")):
-        jobs.append(TraceJob(f"muri-{r['job_id'].strip()}", float(r["submit_time"]) / 1000.0,
-                             max(float(r["duration"]) / 1000.0, 1.0), max(int(float(r["num_gpu"])), 1),
-                             f"p{r.get('priority', '0').strip() or '0'}"))
+def load_muri(path: Path | str, limit: int | None = None,
+              time_unit: TimeUnit | str | None = None) -> list[TraceJob]:
+    """Muri / Tiresias CSV: job_id, num_gpu, submit_time, duration (both ms), ... .
+
+    Times are read in ``time_unit``, else in milliseconds, and refused if they look like
+    another unit (``units_per_second``)."""
+    path = Path(path)
+    raw = [(r["job_id"].strip(), float(r["submit_time"]), float(r["duration"]), int(float(r["num_gpu"])),
+            r.get("priority", "0").strip() or "0")
+           for r in _rows(path, ("job_id", "num_gpu", "submit_time", "duration"))]
+    per_s = units_per_second(path, "Muri/Tiresias", [d for _, _, d, _, _ in raw], TimeUnit.MS, time_unit)
+    jobs = [TraceJob(f"muri-{jid}", sub / per_s, max(d / per_s, 1.0), max(g, 1), f"p{prio}")
+            for jid, sub, d, g, prio in raw]
     jobs.sort(key=lambda j: j.submit_s)
     return jobs[:limit] if limit is not None else jobs
 

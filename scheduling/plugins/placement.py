@@ -99,12 +99,17 @@ class RandomPlacement(Plugin):
 class Topology(Plugin):
     """Same node, then one NVLink domain, then one rack (switch) for a job's GPUs.
 
+    With it, the placer's gang fence (``scheduling/gangfit.py``) keeps a gang that goes
+    on the fewest nodes also in the fewest racks (one, where one holds it on as few).
     +1 when a multi-GPU replica fits inside one NVLink domain of the node; for gangs,
     +1 on a node already holding the job, +0.5 in a rack already holding it, and for
     the first replica +0.5 in racks that can hold the whole remaining gang.
     """
 
     name = "topology"
+
+    def open(self, cycle: Cycle) -> None:
+        cycle.gang_racks = True  # the placer's gang fence keeps a gang in one rack where it can
 
     def score(self, cycle: Cycle, p: Placing, cand: IntArray) -> FloatArray | None:
         t, st, tbl = p.task, p.state, cycle.table

@@ -197,6 +197,8 @@ class ConsumerOptions:
     # None = the service setting. Consumers off the submit->running path (monitor, read
     # models) wait longer per fetch: an idle fetch costs the broker CPU.
     fetch_max_wait_ms: int | None = None
+    # None = the service setting: how far an idle consumer stretches its fetch wait
+    idle_fetch_max_wait_ms: int | None = None
     # False: never commit offsets (and join no group): for a manual assignment that is
     # read from the beginning on every start, e.g. a view rebuilt from the whole history.
     commit: bool = True
@@ -250,6 +252,10 @@ class Consumer:
         self._stopping = asyncio.Event()
         self._started = False
         self._lag_at = 0.0
+        self._busy_wait_ms = int(common["fetch_max_wait_ms"])  # type: ignore[call-overload]
+        self._idle_wait_ms = max(self._busy_wait_ms, options.idle_fetch_max_wait_ms
+                                 or settings.fetch_idle_max_wait_ms)
+        self._wait_ms = self._busy_wait_ms
 
     async def start(self) -> None:
         """Connect and, for a manual assignment, fix the start positions now, so that
@@ -286,6 +292,7 @@ class Consumer:
                             error=repr(exc)[:200])
                 await asyncio.sleep(backoff_s(idle_errors))
                 continue
+            self._pace_fetches(bool(batch))
             if not batch:
                 await self._watch_positions()
                 continue
@@ -301,6 +308,23 @@ class Consumer:
             if self.options.commit:
                 await self._commit(offsets)
             await self._watch_positions()
+
+    def _pace_fetches(self, got_data: bool) -> None:
+        """Stretch the fetch wait while idle, back to the short one on the first data.
+
+        A broker that answers a fetch at once when it has nothing (Tansu does: no long
+        poll) makes every idle consumer cost it a fetch per wait, whatever the traffic.
+        Doubling the wait after each empty poll (200 ms of nothing) up to the idle
+        bound, and dropping back on the first message, keeps a busy consumer on the
+        short wait and an idle one cheap; the price is up to the idle bound on the first
+        message after a quiet spell. aiokafka reads the wait from its fetcher for each
+        request it builds (tests/broker/test_tansu_fetch_wait.py checks that it does)."""
+        wait = self._busy_wait_ms if got_data else min(self._idle_wait_ms, self._wait_ms * 2)
+        if wait != self._wait_ms:
+            self._wait_ms = wait
+            fetcher = getattr(self._consumer, "_fetcher", None)
+            if fetcher is not None:
+                fetcher._fetch_max_wait_ms = wait
 
     async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
         """A commit that fails only means the batch is read again (handlers are

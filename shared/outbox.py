@@ -78,17 +78,24 @@ def _letter(event_id: str, key: str, source: str, topic: str, reason: str,
         consumer_group="outbox"), source, f"dead-{event_id}")
 
 
+def outbox_row(event: Event, source: str, event_id: str | None = None,
+               max_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> dict[str, Any]:
+    """One event's outbox row as statement parameters (``i`` id, ``t`` topic, ``k`` key,
+    ``p`` payload, ``s`` source), for a caller that inserts it in a statement of its own
+    together with its business row (one round trip: admission's submit). An event over
+    ``max_bytes`` raises ``EventTooLarge`` before anything is written."""
+    env = Envelope.wrap(event, source, event_id)
+    return {"i": env.id, "t": topic_for(event).name, "k": env.key,
+            "p": check_size(env, max_bytes), "s": source}
+
+
 async def add_to_outbox(conn: AsyncConnection, event: Event, source: str,
                         event_id: str | None = None,
-                        max_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> Envelope:
+                        max_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
     """Insert the event in the caller's transaction; it is published after commit. An
     event over ``max_bytes`` raises ``EventTooLarge`` (the caller refuses the request)."""
-    env = Envelope.wrap(event, source, event_id)
-    payload = check_size(env, max_bytes)
-    await conn.execute(_INSERT, {"i": env.id, "t": topic_for(event).name, "k": env.key,
-                                 "p": payload, "s": source, "d": None})
+    await conn.execute(_INSERT, {**outbox_row(event, source, event_id, max_bytes), "d": None})
     await conn.execute(text(f"NOTIFY {channel(source)}"))
-    return env
 
 
 @dataclass(frozen=True)

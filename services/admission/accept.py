@@ -19,7 +19,8 @@ async def accept(request: Request, caller: Principal, spec: JobSpec,
     its quota ceiling; then the row and its outbox event in one transaction. Returns the
     job row and whether it was created (False: the same Idempotency-Key came before)."""
     await policy.check_submit(request.app, spec)
-    await check_queue(request.app.state.engine, spec.queue, caller, spec)
+    await check_queue(request.app.state.engine, spec.queue, caller, spec,
+                      getattr(request.app.state, "queue_cache", None))
     return await store.insert_job(request.app.state.engine, spec, caller.tenant, caller.user,
                                   idempotency_key,
                                   max_event_bytes=request.app.state.settings.max_event_bytes)
@@ -39,7 +40,8 @@ async def accept_array(request: Request, caller: Principal, spec: JobSpec,
                 f"{arr.size} elements; this gateway accepts arrays of at most "
                 f"{settings.max_array_size}")}])
     await policy.check_submit(request.app, spec)
-    await check_queue(request.app.state.engine, spec.queue, caller, spec)
+    await check_queue(request.app.state.engine, spec.queue, caller, spec,
+                      getattr(request.app.state, "queue_cache", None))
     return await arrays.insert_array(request.app.state.engine, spec, caller.tenant,
                                      caller.user, idempotency_key,
                                      max_event_bytes=settings.max_event_bytes)

@@ -9,25 +9,31 @@ and alone manages tokens.
 
 
 import json
-import time
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from prometheus_client import Counter, Histogram
 from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission import cursor as page_cursor
-from services.admission import openapi_errors, ratelimit, spec_body, store, tokens
+from services.admission import (
+    openapi_errors,
+    queues_view,
+    ratelimit,
+    spec_body,
+    store,
+    tokens,
+)
 from services.admission.accept import accept, accept_array
 from services.admission.auth import Principal, authenticate, require_admin
 from services.admission.db_errors import DatabaseErrors
 from services.admission.limits import BodyLimit
 from services.admission.node_health import GpuHealthOut
 from services.admission.overload import OverloadGuard, SubmitGate
+from services.admission.request_metrics import RequestMetrics
 from services.admission.routes_arrays import ArrayOut, array_out
 from services.admission.routes_arrays import router as arrays_router
 from services.admission.routes_environments import router as environments_router
@@ -50,10 +56,6 @@ from shared.outbox import add_to_outbox
 
 Caller = Annotated[Principal, Depends(authenticate)]
 Admin = Annotated[Principal, Depends(require_admin)]
-HTTP_REQUESTS = Counter("kairos_http_requests_total", "HTTP requests served",
-                        ["route", "method", "status"])
-HTTP_SECONDS = Histogram("kairos_http_request_seconds", "HTTP request latency", ["route"],
-                         buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
 
 
 class HistoryEntry(BaseModel):
@@ -218,24 +220,17 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
     app.state.settings = settings
     app.state.engine = engine
     app.state.overload = guard = guard or OverloadGuard.from_settings(settings)
+    app.state.token_cache = tokens.TokenCache(settings.token_cache_s)
+    app.state.queue_cache = queues_view.QueueCache(settings.queue_cache_s)
     add_ops_routes(app, ready)
-    # each added middleware wraps those before it: _measure > SubmitGate > BodyLimit >
-    # DatabaseErrors > the routes. So _measure counts every answer, 429, 413 and 503
+    # each added middleware wraps those before it: RequestMetrics > SubmitGate > BodyLimit >
+    # DatabaseErrors > the routes. So RequestMetrics counts every answer, 429, 413 and 503
     # included, an overloaded gateway refuses a submit before it reads anything, and an
     # oversized body is refused before anything reads the database.
     app.add_middleware(DatabaseErrors, retry_after_s=settings.db_retry_after_s)
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
     app.add_middleware(SubmitGate, guard=guard)
-
-    @app.middleware("http")
-    async def _measure(request: Request, call_next: Any) -> Any:
-        started = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        path = getattr(route, "path", "unmatched")
-        HTTP_SECONDS.labels(path).observe(time.perf_counter() - started)
-        HTTP_REQUESTS.labels(path, request.method, str(response.status_code)).inc()
-        return response
+    app.add_middleware(RequestMetrics)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -410,6 +405,7 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
     async def revoke_token(token_id: str, caller: Admin) -> TokenOut:
         """Revoke a token at once (admin); its next request gets 401 'token revoked'."""
         row = await tokens.revoke_token(engine, token_id)
+        app.state.token_cache.clear()  # refused from now on, on this replica at once
         if row is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no token {token_id}")
         return _token_out(row)

@@ -44,7 +44,8 @@ async def authenticate(
             headers={"WWW-Authenticate": "Bearer"},
         )
     try:
-        row = await tokens.resolve(request.app.state.engine, credentials.credentials)
+        row = await tokens.resolve(request.app.state.engine, credentials.credentials,
+                                   getattr(request.app.state, "token_cache", None))
     except tokens.TokenRefused as exc:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED, detail=exc.reason,

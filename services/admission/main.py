@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import timedelta
 
 from services.admission import store, tokens
@@ -15,7 +14,7 @@ from shared.events import Envelope, Event
 from shared.http import HttpServer
 from shared.outbox import OutboxRelay
 from shared.refill import BrokerWatch
-from shared.service import ServiceRuntime
+from shared.service import ServiceRuntime, run_main
 from shared.topics import (
     BINDINGS,
     JOBS_STATUS,
@@ -63,4 +62,4 @@ async def main(settings: AdmissionSettings | None = None) -> None:
 
 
 def run() -> None:
-    asyncio.run(main())
+    run_main(main)

@@ -4,16 +4,18 @@
 Two bounds, each cheap to check on every submit (a pure ASGI middleware in front of the
 submit routes, before the body is read or a token looked up):
 
-- **in flight**: submits this replica is handling now. Past its limit, each new one
-  would only wait behind the others for the same CPU, so the answer is 429 now and the
-  accepted ones keep a bounded latency. The limit adapts to what this machine does
-  (AIMD, as TCP's window or Netflix's concurrency-limits), on the moving average of
-  how long the submits let in took (a few slow ones among many fast do not count as
-  overload): while it is over ``submit_latency_target_s`` the limit shrinks by a tenth
-  once per target interval; while it is within, each submit grows it by 1/limit. It
-  stays between a few and ``max_submits_in_flight``: on a quiet gateway it sits at the
-  maximum, so a burst is accepted; on a saturated one it settles where the submits it
-  lets in finish, on average, within the target.
+- **a bounded wait for a slot**: a replica handles ``max_submits_in_flight`` submits at
+  once; the next ones wait their turn, first come first served, and one that has waited
+  ``submit_queue_wait_s`` without getting a slot is refused. This is CoDel's rule
+  (judge the time spent queued, not the time spent served), as Facebook's and
+  Envoy's adaptive queues use it for RPC servers: the wait in the gate is the one part
+  of a submit's latency that only overload makes, so it tells overload apart from a
+  machine that is merely slower. A slower machine serves fewer submits per second, not
+  fewer submits at once, so the gateway takes all it can serve and refuses the rest;
+  accepted submits take at most the wait bound plus their own service time.
+  (An earlier limit adapted to the whole submit latency: on a busy machine that latency
+  rose with everyone's CPU, the limit shrank, and the gateway refused submits it could
+  have served: half the throughput of no gate at all under overload.)
 - **intake lag**: how long the oldest accepted job has gone without queueing taking it
   up (still ``pending`` with reason ``accepted``: its event unpublished, unread, or not
   yet ordered). It covers the outbox, the broker and queueing in one figure, and every
@@ -30,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections import deque
 
 from prometheus_client import Gauge, Histogram
 from sqlalchemy import text
@@ -42,13 +44,11 @@ from services.admission.ratelimit import REFUSED
 from services.admission.settings import AdmissionSettings
 
 SUBMIT_PATHS = ("/v1/jobs", "/v1/environments")
-LATENCY_WEIGHT = 0.05  # of the latest submit in the moving average (about the last 20)
-MIN_IN_FLIGHT = 4  # the adaptive limit never shuts a replica to fewer submits at once
-SUBMIT_LIMIT = Gauge("kairos_admission_submit_limit",
-                     "Submits this replica takes at once now (adapts to its latency)")
 IN_FLIGHT = Gauge("kairos_admission_submits_in_flight", "Submits being handled now")
+WAITING = Gauge("kairos_admission_submits_waiting", "Submits waiting for a slot now")
 SUBMIT_SECONDS = Histogram(
-    "kairos_admission_submit_seconds", "Submits let through, from the gate to the answer, "
+    "kairos_admission_submit_seconds", "Submits let through, from the gate (their wait "
+    "for a slot included) to the answer, "
     "by outcome (accepted: 2xx; refused: any other answer)", ["outcome"],
     buckets=(.01, .025, .05, .1, .25, .5, .75, 1, 1.5, 2, 3, 5, 10, 30))
 INTAKE_LAG = Gauge("kairos_admission_intake_lag_seconds",
@@ -58,34 +58,29 @@ _OLDEST_UNSEEN = text("""SELECT EXTRACT(EPOCH FROM now() - min(submitted_at)) FR
 
 
 class OverloadGuard:
-    """What the bounds are and where the platform stands against them."""
+    """What the bounds are, where the platform stands against them, and the slots."""
 
     def __init__(self, max_in_flight: int, max_intake_lag_s: float,
-                 sample_s: float = 1.0, latency_target_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 sample_s: float = 1.0, queue_wait_s: float = 0.25) -> None:
         self.max_in_flight = max_in_flight
-        self.min_in_flight = min(MIN_IN_FLIGHT, max_in_flight)
-        self.limit = float(max_in_flight)
-        self.latency_target_s = latency_target_s
+        self.queue_wait_s = queue_wait_s
         self.max_intake_lag_s = max_intake_lag_s
         self.sample_s = sample_s
         self.in_flight = 0
         self.intake_lag_s = 0.0
-        self._clock = clock
-        self._shrunk_at = -1e9
-        self.latency_s = 0.0  # moving average of the submits let in
-        SUBMIT_LIMIT.set(self.limit)
+        self._waiters: deque[asyncio.Future[None]] = deque()
 
     @classmethod
     def from_settings(cls, settings: AdmissionSettings) -> OverloadGuard:
         return cls(settings.max_submits_in_flight, settings.max_intake_lag_s,
-                   settings.intake_sample_s, settings.submit_latency_target_s)
+                   settings.intake_sample_s, settings.submit_queue_wait_s)
 
-    def refusal(self) -> tuple[str, int] | None:
-        """(why, Retry-After seconds) when a new submit is to be refused now."""
-        if self.max_in_flight and self.in_flight >= int(self.limit):
-            return (f"this gateway is handling {self.in_flight} submits, as many as it "
-                    "takes at once now: retry shortly"), 1
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def lag_refusal(self) -> tuple[str, int] | None:
+        """(why, Retry-After seconds) when the platform is too far behind its intake."""
         if self.max_intake_lag_s and self.intake_lag_s > self.max_intake_lag_s:
             behind = self.intake_lag_s - self.max_intake_lag_s
             return (f"the platform is {self.intake_lag_s:.0f} s behind taking up accepted "
@@ -93,19 +88,53 @@ class OverloadGuard:
                     "caught up"), max(1, min(30, math.ceil(behind)))
         return None
 
-    def finished(self, seconds: float) -> None:
-        """A submit let through took ``seconds``: adapt the in-flight limit."""
-        if not self.max_in_flight or not self.latency_target_s:
-            return
-        now = self._clock()
-        self.latency_s += LATENCY_WEIGHT * (seconds - self.latency_s)
-        if self.latency_s > self.latency_target_s:
-            if now - self._shrunk_at >= self.latency_target_s:
-                self.limit = max(float(self.min_in_flight), self.limit * 0.9)
-                self._shrunk_at = now
-        else:
-            self.limit = min(float(self.max_in_flight), self.limit + 1.0 / self.limit)
-        SUBMIT_LIMIT.set(self.limit)
+    async def acquire(self) -> tuple[str, int] | None:
+        """Take a slot, waiting at most ``queue_wait_s`` behind earlier submits; on
+        refusal (nothing taken) return (why, Retry-After seconds)."""
+        if not self.max_in_flight:
+            self._take()
+            return None
+        if self.in_flight < self.max_in_flight and not self._waiters:
+            self._take()
+            return None
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        WAITING.set(len(self._waiters))
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), self.queue_wait_s)
+        except TimeoutError:
+            if waiter.done():  # a slot was handed over as the wait ran out: keep it
+                return None
+            self._forget(waiter)
+            return (f"this gateway is handling {self.in_flight} submits, as many as it "
+                    f"takes at once, and this one waited {self.queue_wait_s:g} s for a "
+                    "turn: retry shortly"), 1
+        except BaseException:  # the client went away while it waited
+            if waiter.done():
+                self.release()  # the slot it was handed goes on to the next one
+            else:
+                self._forget(waiter)
+            raise
+        return None
+
+    def _forget(self, waiter: asyncio.Future[None]) -> None:
+        self._waiters.remove(waiter)
+        WAITING.set(len(self._waiters))
+
+    def _take(self) -> None:
+        self.in_flight += 1
+        IN_FLIGHT.set(self.in_flight)
+
+    def release(self) -> None:
+        """A submit is answered: its slot goes to the longest waiting one, if any."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            WAITING.set(len(self._waiters))
+            if not waiter.done():
+                waiter.set_result(None)  # the slot passes on: in_flight stays
+                return
+        self.in_flight -= 1
+        IN_FLIGHT.set(self.in_flight)
 
     async def sample(self, engine: AsyncEngine) -> None:
         async with engine.connect() as conn:
@@ -132,16 +161,14 @@ class SubmitGate:
                 or scope["path"] not in SUBMIT_PATHS:
             await self.app(scope, receive, send)
             return
-        refused = self.guard.refusal()
+        started = time.monotonic()
+        refused = self.guard.lag_refusal() or await self.guard.acquire()
         if refused is not None:
             why, retry_after = refused
             REFUSED.labels("overload").inc()
             await JSONResponse({"detail": why}, status_code=429, headers={
                 "Retry-After": str(retry_after)})(scope, receive, send)
             return
-        self.guard.in_flight += 1
-        IN_FLIGHT.inc()
-        started = time.monotonic()
         status = [500]
 
         async def noted(message: Message) -> None:
@@ -152,8 +179,6 @@ class SubmitGate:
         try:
             await self.app(scope, receive, noted)
         finally:
-            self.guard.in_flight -= 1
-            IN_FLIGHT.dec()
-            took = time.monotonic() - started
-            self.guard.finished(took)
-            SUBMIT_SECONDS.labels("accepted" if status[0] < 300 else "refused").observe(took)
+            self.guard.release()
+            SUBMIT_SECONDS.labels("accepted" if status[0] < 300 else "refused").observe(
+                time.monotonic() - started)

@@ -11,12 +11,14 @@ GPUs. A status that ends the wait (bound, running, preempted, ended) removes the
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from shared.db import autocommit
 from shared.events import JobWaiting, QueueChanged, QueueStatus
 
 
@@ -49,6 +51,8 @@ async def apply_queue_event(conn: AsyncConnection, ev: QueueChanged | QueueStatu
              if ev.change == "rejected" else ""})
     if ev.change == "rejected":
         return
+    global _generation
+    _generation += 1
     s = ev.settings
     await conn.execute(text(
         """INSERT INTO queues_view (name, parent, tenant, state, settings, version)
@@ -61,6 +65,33 @@ async def apply_queue_event(conn: AsyncConnection, ev: QueueChanged | QueueStatu
          "st": s.get("state", "open"), "s": json.dumps(s), "v": ev.version})
 
 
+_generation = 0  # bumped each time this process applies a queue's settings
+
+
+class QueueCache:
+    """Every queue's row, read at most once per ``ttl_s`` for the submit checks (they
+    would otherwise read the queue and the whole tree on every submit). A change this
+    process applies (``apply_queue_event``) is seen at the next submit; one that another
+    replica's consumer applied, within ``ttl_s``. ``derived`` keeps what a caller builds
+    from the rows (the quota tree) until they are read again."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._rows: dict[str, dict[str, Any]] | None = None
+        self._until = 0.0
+        self._generation = -1
+        self.derived: dict[str, Any] = {}
+
+    async def rows(self, engine: AsyncEngine) -> dict[str, dict[str, Any]]:
+        now = time.monotonic()
+        if self._rows is None or now >= self._until or self._generation != _generation:
+            generation = _generation  # before the read: a change during it reads again
+            self._rows = {r["name"]: r for r in await list_queues(engine, None)}
+            self._until, self._generation = now + self.ttl_s, generation
+            self.derived = {}
+        return self._rows
+
+
 async def get_queue(engine: AsyncEngine, name: str) -> dict[str, Any] | None:
     async with engine.connect() as conn:
         row = (await conn.execute(text("SELECT * FROM queues_view WHERE name = :n"),
@@ -71,7 +102,7 @@ async def get_queue(engine: AsyncEngine, name: str) -> dict[str, Any] | None:
 async def list_queues(engine: AsyncEngine, tenant: str | None) -> list[dict[str, Any]]:
     """Every queue (``tenant`` None), or those of one tenant and the shared ones."""
     where = "" if tenant is None else "WHERE tenant = :t OR tenant = ''"
-    async with engine.connect() as conn:
+    async with autocommit(engine).connect() as conn:
         rows = await conn.execute(text(f"SELECT * FROM queues_view {where} ORDER BY name"),
                                   {"t": tenant})
         return [dict(r) for r in rows.mappings()]

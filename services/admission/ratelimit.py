@@ -17,6 +17,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission.settings import AdmissionSettings, SubmitLimit
+from shared.db import autocommit
 
 REFUSED = Counter("kairos_admission_refusals_total",
                   "Submits refused by admission policy, by reason", ["reason"])
@@ -47,7 +48,7 @@ async def take(engine: AsyncEngine, tenant: str, limit: SubmitLimit) -> float | 
     if limit.rate_per_s <= 0:
         return None
     params = {"tenant": tenant, "rate": limit.rate_per_s, "burst": float(limit.burst)}
-    async with engine.begin() as conn:
+    async with autocommit(engine).connect() as conn:  # one statement, atomic by itself
         if await conn.scalar(_TAKE, params) is not None:
             return None
         level = float(await conn.scalar(_LEVEL, params) or 0.0)

@@ -28,13 +28,21 @@ class AdmissionSettings(CommonSettings):
     submit_burst: int = Field(default=2000, ge=1)
     tenant_submit_limits: dict[str, SubmitLimit] = Field(default_factory=dict)
     # graceful overload (overload.py): a submit past either bound is 429 with Retry-After.
-    # Submits one replica handles at once (0 = no bound), and how far behind the platform
-    # may be in taking up accepted jobs, in seconds (0 = no bound), sampled this often
-    # (the limit adapts below it so that submits let in finish within the latency target)
-    max_submits_in_flight: int = Field(default=64, ge=0)
-    submit_latency_target_s: float = Field(default=1.0, ge=0)
+    # Submits one replica handles at once (0 = no bound; the next ones wait their turn,
+    # and one that waited `submit_queue_wait_s` is refused), and how far behind the
+    # platform may be in taking up accepted jobs, in seconds (0 = no bound), sampled this
+    # often. 16 at once keeps both cores busy while a submit waits on PostgreSQL, within
+    # the database pool (5 + 10 overflow connections)
+    max_submits_in_flight: int = Field(default=16, ge=0)
+    submit_queue_wait_s: float = Field(default=0.25, gt=0)
     max_intake_lag_s: float = Field(default=30.0, ge=0)
     intake_sample_s: float = Field(default=1.0, gt=0)
+    # the submit path's reads of what rarely changes, kept this long per replica (0 = read
+    # every time): a token's row (a revocation is seen at once on the replica that made
+    # it, on the others within this) and the queues' settings (a read model of queueing's
+    # events already, so a second of staleness is within what it always was)
+    token_cache_s: float = Field(default=2.0, ge=0)
+    queue_cache_s: float = Field(default=1.0, ge=0)
     # elements one job array may have (Slurm's MaxArraySize is 1001 by default): all are
     # stored in one transaction, so this bounds a submit's work
     max_array_size: int = Field(default=10_000, ge=1, le=100_000)

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from services.admission import ops_views, usage
 from services.admission.node_health import GpuHealthTracker
 from services.admission.queues_view import apply_job_waiting, apply_queue_event, end_job_waiting
+from shared.db import autocommit
 from shared.events import (
     Binding,
     BindingAction,
@@ -34,7 +35,7 @@ from shared.events import (
     utcnow,
 )
 from shared.jobspec import JobSpec
-from shared.outbox import DEFAULT_MAX_EVENT_BYTES, add_to_outbox
+from shared.outbox import DEFAULT_MAX_EVENT_BYTES, add_to_outbox, channel, outbox_row
 
 # Forward order of a job's life; a report never moves a job backwards within one attempt.
 _RANK = {
@@ -67,52 +68,56 @@ def new_job_id() -> str:
     return "j-" + uuid.uuid4().hex[:16]
 
 
+# The job, its first history entry, its jobs.submitted event and the relay's wake-up in
+# one statement: one round trip, atomic on its own (no BEGIN/COMMIT around it). A retry
+# with an Idempotency-Key already used inserts nothing (the conflict empties ``j``).
+_SUBMIT = text("""
+    WITH j AS (
+        INSERT INTO jobs (id, name, queue, tenant, "user", spec, state, reason,
+                          idempotency_key, submitted_at, updated_at)
+        VALUES (:id, :name, :queue, :tenant, :user, :spec, 'pending', 'accepted',
+                :key, :now, :now)
+        ON CONFLICT (tenant, idempotency_key) DO NOTHING
+        RETURNING *),
+    e AS (
+        INSERT INTO job_events (event_id, job_id, state, reason, attempt, occurred_at)
+        SELECT :event, id, 'pending', 'accepted', 1, :now FROM j),
+    o AS (
+        INSERT INTO outbox (event_id, topic, key, payload, source)
+        SELECT :i, :t, :k, :p, :s FROM j
+        ON CONFLICT (event_id) DO NOTHING)
+    SELECT j.*, pg_notify(:channel, '') AS _notified FROM j""")
+
+
 async def insert_job(
     engine: AsyncEngine, spec: JobSpec, tenant: str, user: str, idempotency_key: str | None,
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
 ) -> tuple[dict[str, Any], bool]:
-    """Store the job and its jobs.submitted event in one transaction.
+    """Store the job and its jobs.submitted event at once (one statement).
 
     Returns (job row, created). A retried submit with the same idempotency key returns
     the job created the first time.
     """
-    async with engine.begin() as conn:
-        if idempotency_key:
-            existing = await _job_by_key(conn, tenant, idempotency_key)
-            if existing is not None:
-                return existing, False
-        job_id = new_job_id()
-        now = utcnow()
-        row = (await conn.execute(
-            text("""INSERT INTO jobs (id, name, queue, tenant, "user", spec, state, reason,
-                        idempotency_key, submitted_at, updated_at)
-                    VALUES (:id, :name, :queue, :tenant, :user, :spec, 'pending', 'accepted',
-                        :key, :now, :now)
-                    ON CONFLICT (tenant, idempotency_key) DO NOTHING
-                    RETURNING *"""),
-            {"id": job_id, "name": spec.name, "queue": spec.queue, "tenant": tenant,
-             "user": user, "spec": json.dumps(spec.model_dump(mode="json", by_alias=True)),
-             "key": idempotency_key, "now": now},
-        )).mappings().first()
-        if row is None:  # a concurrent retry with the same key won the race
+    job_id = new_job_id()
+    now = utcnow()
+    event = JobSubmitted(job_id=job_id, queue=spec.queue, tenant=tenant, user=user,
+                         spec=spec, submitted_at=now)
+    # over the event limit: EventTooLarge, a 413, before anything is written
+    row_params = outbox_row(event, "admission", f"submitted-{job_id}", max_event_bytes)
+    async with autocommit(engine).connect() as conn:
+        row = (await conn.execute(_SUBMIT, {
+            "id": job_id, "name": spec.name, "queue": spec.queue, "tenant": tenant,
+            "user": user, "spec": json.dumps(spec.model_dump(mode="json", by_alias=True)),
+            "key": idempotency_key, "now": now, "event": f"accepted-{job_id}",
+            "channel": channel("admission"), **row_params})).mappings().first()
+        if row is None:  # the Idempotency-Key came before: that job
             assert idempotency_key is not None
             existing = await _job_by_key(conn, tenant, idempotency_key)
             assert existing is not None
             return existing, False
-        await conn.execute(
-            text("""INSERT INTO job_events (event_id, job_id, state, reason, attempt, occurred_at)
-                    VALUES (:e, :j, 'pending', 'accepted', 1, :now)"""),
-            {"e": f"accepted-{job_id}", "j": job_id, "now": now},
-        )
-        await add_to_outbox(
-            conn,
-            JobSubmitted(job_id=job_id, queue=spec.queue, tenant=tenant, user=user, spec=spec,
-                         submitted_at=now),
-            "admission",
-            event_id=f"submitted-{job_id}",
-            max_bytes=max_event_bytes,  # over it: EventTooLarge, a 413, nothing written
-        )
-        return dict(row), True
+    out = dict(row)
+    del out["_notified"]
+    return out, True
 
 
 async def _job_by_key(conn: AsyncConnection, tenant: str, key: str) -> dict[str, Any] | None:

@@ -25,6 +25,7 @@ import hmac
 import re
 import secrets
 import sys
+import time
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -32,6 +33,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from shared.db import autocommit
 from shared.events import utcnow
 
 ROLES = ("user", "admin")
@@ -152,24 +154,59 @@ async def revoke_token(engine: AsyncEngine, token_id: str) -> dict[str, Any] | N
     return dict(row) if row else None
 
 
-async def resolve(engine: AsyncEngine, plaintext: str) -> dict[str, Any]:
+class TokenCache:
+    """Token rows this replica read in the last ``ttl_s`` seconds, by digest: a submit
+    then authenticates without a database round trip. Expiry is still judged on every
+    request (from the row); a revocation is seen at once on the replica that made it
+    (``clear``) and within ``ttl_s`` on the others, as Kubernetes' webhook token
+    authenticator caches its answers for a while."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._rows: dict[str, tuple[float, dict[str, Any]]] = {}
+
+    def get(self, digest: str) -> dict[str, Any] | None:
+        hit = self._rows.get(digest)
+        if hit is None or time.monotonic() >= hit[0]:
+            return None
+        return hit[1]
+
+    def put(self, digest: str, row: dict[str, Any]) -> None:
+        if self.ttl_s <= 0:
+            return
+        if len(self._rows) > 10_000:  # bounded: a flood of distinct bad tokens is not kept
+            self._rows.clear()
+        self._rows[digest] = (time.monotonic() + self.ttl_s, row)
+
+    def clear(self) -> None:
+        self._rows.clear()
+
+
+async def resolve(engine: AsyncEngine, plaintext: str,
+                  cache: TokenCache | None = None) -> dict[str, Any]:
     """The row of an active token, or TokenRefused saying why not."""
     digest = hash_token(plaintext)
-    async with engine.connect() as conn:
-        row = (await conn.execute(
-            text(f"SELECT {PUBLIC_COLUMNS}, token_sha256 FROM api_tokens"
-                 " WHERE token_sha256 = :h"), {"h": digest})).mappings().first()
-    if row is None or not hmac.compare_digest(row["token_sha256"], digest):
-        raise TokenRefused("invalid token")
+    row = cache.get(digest) if cache is not None else None
+    if row is None:
+        async with autocommit(engine).connect() as conn:
+            found = (await conn.execute(
+                text(f"SELECT {PUBLIC_COLUMNS}, token_sha256 FROM api_tokens"
+                     " WHERE token_sha256 = :h"), {"h": digest})).mappings().first()
+        if found is None or not hmac.compare_digest(found["token_sha256"], digest):
+            raise TokenRefused("invalid token")
+        row = dict(found)
+        if cache is not None:
+            cache.put(digest, row)
     now = utcnow()
-    state = token_state(dict(row), now)
+    state = token_state(row, now)
     if state != "active":
         raise TokenRefused(f"token {state}")
     if row["last_used_at"] is None or now - row["last_used_at"] > LAST_USED_EVERY:
-        async with engine.begin() as conn:
+        async with autocommit(engine).connect() as conn:
             await conn.execute(
                 text("UPDATE api_tokens SET last_used_at = :now WHERE id = :id"),
                 {"now": now, "id": row["id"]})
+        row["last_used_at"] = now  # the cached row too: one update per interval
     out = dict(row)
     del out["token_sha256"]
     return out

@@ -33,7 +33,7 @@ from shared.events import Envelope, Event, NodeLost
 from shared.http import HttpServer, ops_app
 from shared.logging import get_logger
 from shared.retry import retry_transient
-from shared.service import ServiceRuntime
+from shared.service import ServiceRuntime, run_main
 from shared.topics import (
     BINDINGS,
     DEAD_LETTER,
@@ -193,4 +193,4 @@ async def main(settings: MonitorSettings | None = None) -> None:
 
 
 def run() -> None:
-    asyncio.run(main())
+    run_main(main)

@@ -36,7 +36,7 @@ from shared.bus import Consumer, ConsumerOptions, partition_for
 from shared.events import Binding, Envelope, Event, NodeRegistered, utcnow
 from shared.http import HttpServer, ops_app
 from shared.logging import get_logger
-from shared.service import ServiceRuntime
+from shared.service import ServiceRuntime, run_main
 from shared.topics import BINDINGS, topic_for
 
 log = get_logger(__name__)
@@ -260,4 +260,4 @@ async def main(settings: AgentSettings | None = None) -> None:
 
 
 def run() -> None:
-    asyncio.run(main())
+    run_main(main)

@@ -6,7 +6,6 @@ What it does is in ``services.queueing.service``; the queue tree and quota model
 
 from __future__ import annotations
 
-import asyncio
 import sys
 
 from services.queueing.config import OrderingSpec, QueueConfigError, load_queues_file
@@ -16,7 +15,7 @@ from shared.config import CommonSettings
 from shared.http import HttpServer, ops_app
 from shared.queuespec import QueueSpec
 from shared.refill import BrokerWatch
-from shared.service import ServiceRuntime
+from shared.service import ServiceRuntime, run_main
 from shared.topics import JOBS_COMMANDS, JOBS_STATUS, JOBS_SUBMITTED, QUEUES_EVENTS
 
 
@@ -57,4 +56,4 @@ async def main(settings: QueueingSettings | None = None) -> None:
 
 
 def run() -> None:
-    asyncio.run(main())
+    run_main(main)

@@ -26,7 +26,7 @@ from shared.logging import get_logger
 from shared.outbox import OutboxRelay, Stored, add_many
 from shared.refill import BrokerWatch
 from shared.retry import retry_transient
-from shared.service import ServiceRuntime
+from shared.service import ServiceRuntime, run_main
 from shared.topics import JOBS_COMMANDS, JOBS_READY, JOBS_STATUS, NODES_LIFECYCLE, NODES_TELEMETRY
 
 log = get_logger(__name__)
@@ -255,6 +255,6 @@ async def main(settings: SchedulerSettings | None = None) -> None:
 
 
 def run() -> None:
-    asyncio.run(main())
+    run_main(main)
 
 

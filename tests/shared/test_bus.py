@@ -260,3 +260,49 @@ async def test_lag_is_reported_per_consumer_group(broker: str, producer: Produce
                                      producer),
                             lambda got=got, group=group: len(got) == 3 and lag(group) == 0.0)
     assert [lag(g) for g in groups] == [0.0, 0.0]
+
+
+
+async def test_an_idle_consumer_stretches_its_fetch_wait_and_snaps_back_on_data(
+        broker: str, producer: Producer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tansu answers an empty fetch at once, so an idle consumer polling every 20 ms costs
+    the broker CPU for nothing: idle, the wait doubles per empty poll up to the idle bound,
+    and the first message brings it back to the short wait. The waits are read from the
+    fetch requests aiokafka sends, so this also checks that it builds each request with
+    the wait its fetcher holds at that moment."""
+    import aiokafka.consumer.fetcher as aiokafka_fetcher
+
+    sent: list[int] = []
+    real = aiokafka_fetcher.FetchRequest
+
+    class Recording(real):  # type: ignore[misc,valid-type]
+        def __init__(self, max_wait_time: int, *args: object, **kwargs: object) -> None:
+            sent.append(max_wait_time)
+            super().__init__(max_wait_time, *args, **kwargs)
+
+    monkeypatch.setattr(aiokafka_fetcher, "FetchRequest", Recording)
+    topic = await fresh_topic(broker)
+    s = settings(broker).model_copy(update={"fetch_max_wait_ms": 20,
+                                            "fetch_idle_max_wait_ms": 160})
+    got, handle = collector()
+    consumer = Consumer(s, ConsumerOptions("g-" + uuid.uuid4().hex[:6], [topic],
+                                           assign=[TopicPartition(topic, 0)]), handle, producer)
+    await consumer.start()
+    task = asyncio.create_task(consumer.run())
+    try:
+        async with asyncio.timeout(20):
+            while sent[-3:] != [160, 160, 160]:  # empty polls: 40, 80, 160, then it stays
+                await asyncio.sleep(0.05)
+            assert {20, 40, 80} <= set(sent)  # it doubled its way there
+            await producer.publish_envelope(Envelope.wrap(status("j-wait"), "test"), topic)
+            while not got:
+                await asyncio.sleep(0.01)
+            n = len(sent)
+            while len(sent) < n + 2:
+                await asyncio.sleep(0.01)
+            assert sent[-1] == 20  # data: the short wait again
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await consumer.stop()

@@ -18,8 +18,8 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create the virtualenv and install Kairos with its dev tools
 
-run: $(STAMP) ## start the whole platform on embedded defaults (Ctrl-C stops it)
-	$(BIN)/kairos up $(if $(DEMO),--demo,)
+run: $(STAMP) ## start the whole platform on embedded defaults (Ctrl-C stops it); PORT=8123 moves the gateway, DEMO=1 submits examples
+	$(BIN)/kairos up $(if $(PORT),--port $(PORT),) $(if $(DEMO),--demo,)
 
 reset: $(STAMP) ## wipe the embedded stack's state
 	$(BIN)/kairos reset

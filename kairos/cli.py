@@ -383,6 +383,7 @@ def up(
         monitor = stack.proc("monitor")
         console.print(f"[bold green]Kairos is up[/]  gateway: {stack.url}  (docs: {stack.url}/docs)")
         console.print(f"token: [bold]{stack.token}[/]   (saved in {PROFILE} for the CLI)")
+        console.print(services_table(stack.services()))
         console.print(f"logs: {stack.workdir / 'logs'}   state kept in {stack.workdir} "
                       "(`make reset` wipes it)   Ctrl-C stops everything")
         if with_demo:
@@ -397,6 +398,55 @@ def up(
         stack.stop()
         PROFILE.unlink(missing_ok=True)  # the token stays in the workdir for the next run
         console.print("stopped; nothing left running")
+
+
+def services_table(rows: list[dict[str, str]], health: dict[str, str] | None = None
+                   ) -> Table:
+    """Every part of a stack (Stack.services()): where it is reached and its log; with
+    ``health``, whether each answered."""
+    t = Table("service", Column("url", overflow="fold"), Column("log", overflow="fold"),
+              caption="each service's URL serves /healthz, /readyz and /metrics; "
+                      "admission's is the gateway")
+    if health is not None:
+        t.add_column("health")
+    for r in rows:
+        cells = [r["name"], r["url"], r["log"] or "-"]
+        if health is not None:
+            cells.append(health.get(r["name"], "-"))
+        t.add_row(*cells)
+    return t
+
+
+def _health(rows: list[dict[str, str]]) -> dict[str, str]:
+    """'up' or 'down' for each part with an HTTP port, by its /healthz."""
+    out = {}
+    for r in rows:
+        if not r["url"].startswith("http"):
+            continue
+        try:
+            ok = httpx.get(f"{r['url']}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        out[r["name"]] = "up" if ok else "[red]down[/]"
+    return out
+
+
+@app.command()
+def status() -> None:
+    """The running platform's services: URL, /metrics, log file and whether each
+    answers (what `kairos up` saved in .kairos/services.json)."""
+    from kairos.stack import SERVICES_FILE, WORKDIR
+
+    path = WORKDIR / SERVICES_FILE
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        err.print(f"no platform running here ({path} {'unreadable' if path.exists() else 'missing'}"
+                  f"): start one with `make run`")
+        raise typer.Exit(1) from exc
+    rows = saved["services"]
+    console.print(f"gateway: {saved['gateway']}  (docs: {saved['gateway']}/docs)")
+    console.print(services_table(rows, _health(rows)))
 
 
 @app.command()

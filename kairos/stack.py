@@ -11,6 +11,7 @@ background thread, or from the caller's loop through ``supervise_once()``.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import shutil
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import httpx
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
 from kairos.embedded import EmbeddedBroker, EmbeddedPostgres, free_port, pid_dead
 from kairos.netns import NetworkNamespace
@@ -34,6 +36,8 @@ from shared.db import make_engine, prepare_database
 
 SERVICES = ("admission", "queueing", "scheduler", "monitor")
 WORKDIR = Path(".kairos")  # `kairos up`'s state: PostgreSQL's data, agents' state, logs
+# in the workdir while a stack runs: every part, its URL and log (`kairos status` reads it)
+SERVICES_FILE = "services.json"
 
 
 def _new_dev_token() -> str:
@@ -156,6 +160,7 @@ class Stack:
             self.start_service(name)
         self.start_agents()
         self.wait_ready()
+        self.write_services()
         self._supervisor = Supervisor(say=self.say)
         if self.supervise:
             self._thread = threading.Thread(target=self._supervise_loop, name="supervisor",
@@ -230,8 +235,16 @@ class Stack:
 
     def service_env(self, name: str, port: int, extra: dict[str, str] | None = None
                     ) -> dict[str, str]:
+        """A service's environment: the caller's whole environment, its ``KAIROS_*``
+        settings included (every documented setting reaches the service that reads it:
+        a queues file, rate limits, timings), then what the stack must set itself, which
+        wins: the broker, database and development token it runs on (the caller's own
+        when it set them, see start()), each service's port and name, and with the
+        embedded broker the partition cap its topics were made with. Then ``self.env``,
+        then ``extra`` (the agents' node ids, simulated sizes and state directory, an
+        isolated agent's host), each winning over what came before."""
         assert self.kafka_bootstrap and self.database_url and self.token
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KAIROS_")}
+        env = dict(os.environ)
         env.update({
             "KAIROS_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
             "KAIROS_DATABASE_URL": self.database_url,
@@ -300,6 +313,36 @@ class Stack:
             time.sleep(0.2)
         raise TimeoutError("the agents' nodes never showed up in /v1/nodes")
 
+    def services(self) -> list[dict[str, str]]:
+        """Every part of the stack: its name, where it is reached (a service's HTTP
+        port serves /healthz, /readyz and /metrics; admission's is the gateway) and its
+        log file. The broker and database are listed with their address ("" for a log
+        when they are not the embedded ones)."""
+        rows = []
+        if self.kafka_bootstrap:
+            log = self._broker.log if self._broker else None
+            rows.append({"name": "broker", "url": self.kafka_bootstrap, "metrics": "",
+                         "log": str(log or "")})
+        if self.database_url:
+            db = make_url(self.database_url)
+            shown = (db.render_as_string(hide_password=True) if db.password
+                     else self.database_url)
+            rows.append({"name": "database", "url": shown, "metrics": "",
+                         "log": str(self._pg.log if self._pg else "")})
+        rows += [{"name": p.name, "url": p.url, "metrics": f"{p.url}/metrics",
+                  "log": str(p.log)} for p in self.procs]
+        return rows
+
+    @property
+    def services_file(self) -> Path:
+        return self.workdir / SERVICES_FILE
+
+    def write_services(self) -> Path:
+        """Save services() for `kairos status`; stop() removes it."""
+        self.services_file.write_text(json.dumps(
+            {"gateway": self.url, "services": self.services()}, indent=1))
+        return self.services_file
+
     def proc(self, name: str) -> Proc:
         return next(p for p in self.procs if p.name == name)
 
@@ -333,6 +376,7 @@ class Stack:
                 p.popen.kill()
                 p.popen.wait()
         self.procs.clear()
+        self.services_file.unlink(missing_ok=True)
         if self._broker:
             self._broker.stop()
         if self._pg:

@@ -14,9 +14,12 @@ from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
+from swagger_ui_bundle import swagger_ui_path
 
 from services.admission import cursor as page_cursor
 from services.admission import (
@@ -56,6 +59,7 @@ from shared.outbox import add_to_outbox
 
 Caller = Annotated[Principal, Depends(authenticate)]
 Admin = Annotated[Principal, Depends(require_admin)]
+DOCS_ASSETS = "/docs-assets"  # Swagger UI's files, from the swagger-ui-bundle-v2 package
 
 
 class HistoryEntry(BaseModel):
@@ -216,7 +220,18 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
         title="Kairos gateway",
         version="1",
         description="Submit GPU training jobs, follow them, and see the cluster.",
+        docs_url=None,  # served below from the packaged Swagger UI: /docs works offline
     )
+    app.mount(DOCS_ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="swagger-ui")
+
+    @app.get("/docs", include_in_schema=False)
+    async def _docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json", title=f"{app.title} - Swagger UI",
+            swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png")
+
     app.state.settings = settings
     app.state.engine = engine
     app.state.overload = guard = guard or OverloadGuard.from_settings(settings)

@@ -91,6 +91,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 # helpers shared with bench/e2e_latency.py (bench/ is on the path above)
 from e2e_latency import bucket_quantile, cpu_ms_per_job, pct  # noqa: E402
+from rawhttp import RawHttpClient, TransportError  # noqa: E402
 
 from kairos.embedded import free_port  # noqa: E402
 from kairos.stack import Stack  # noqa: E402
@@ -430,38 +431,40 @@ class Submitted:
 async def submit(stack: Stack, rate: float, seconds: float, rng: random.Random) -> Submitted:
     """Mixed jobs at a steady rate, open loop: a slow answer does not slow the next."""
     out = Submitted()
-    limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
-    async with httpx.AsyncClient(base_url=stack.url, timeout=30, limits=limits,
-                                 headers={"Authorization": f"Bearer {stack.token}"}) as c:
+    url = httpx.URL(stack.url)
+    # the lean client (bench/rawhttp.py): httpx cost as much CPU as the gateway
+    c = RawHttpClient(url.host, url.port or 80, connections=128, headers={
+        "Authorization": f"Bearer {stack.token}", "Content-Type": "application/json"})
 
-        async def one(kind: Kind, duration: float) -> None:
-            body = json.dumps(kind.spec(duration)).encode()
-            # an idempotency key makes retrying a transport error safe
-            headers = {"Content-Type": "application/json", "Idempotency-Key": uuid.uuid4().hex}
-            for attempt in range(3):
-                try:
-                    r = await c.post("/v1/jobs", content=body, headers=headers)
-                    break
-                except httpx.TransportError as exc:
-                    if attempt == 2:
-                        out.errors[type(exc).__name__] += 1
-                        return
-            if r.status_code == 201:
-                out.accepted[r.json()["id"]] = (kind.name, time.time())
-            else:
-                out.errors[f"http {r.status_code}"] += 1
+    async def one(kind: Kind, duration: float) -> None:
+        body = json.dumps(kind.spec(duration)).encode()
+        # an idempotency key makes retrying a transport error safe
+        headers = {"Idempotency-Key": uuid.uuid4().hex}
+        for attempt in range(3):
+            try:
+                r = await c.post("/v1/jobs", body, headers)
+                break
+            except TransportError as exc:
+                if attempt == 2:
+                    out.errors[type(exc).__name__] += 1
+                    return
+        if r.status_code == 201:
+            out.accepted[r.json()["id"]] = (kind.name, time.time())
+        else:
+            out.errors[f"http {r.status_code}"] += 1
 
-        start = time.monotonic()
-        tasks = []
-        for i in range(int(rate * seconds)):
-            delay = start + i / rate - time.monotonic()
-            out.behind_s = max(out.behind_s, -delay)
-            if delay > 0:
-                await asyncio.sleep(delay)
-            kind = rng.choices(KINDS, weights=[k.weight for k in KINDS])[0]
-            tasks.append(asyncio.create_task(one(kind, round(rng.uniform(5, 30), 1))))
-        await asyncio.gather(*tasks)
-        out.elapsed_s = time.monotonic() - start
+    start = time.monotonic()
+    tasks = []
+    for i in range(int(rate * seconds)):
+        delay = start + i / rate - time.monotonic()
+        out.behind_s = max(out.behind_s, -delay)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        kind = rng.choices(KINDS, weights=[k.weight for k in KINDS])[0]
+        tasks.append(asyncio.create_task(one(kind, round(rng.uniform(5, 30), 1))))
+    await asyncio.gather(*tasks)
+    out.elapsed_s = time.monotonic() - start
+    await c.aclose()
     return out
 
 

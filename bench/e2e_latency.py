@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -44,6 +45,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from rawhttp import RawHttpClient, TransportError  # noqa: E402
 
 from kairos.embedded import free_port  # noqa: E402
 from kairos.stack import Stack  # noqa: E402
@@ -106,46 +110,48 @@ class TopicTail:
 
 
 async def drive(stack: Stack, rate: float, seconds: float) -> dict[str, float]:
-    """Submit at a steady rate (open loop), return the 201 times by job id."""
+    """Submit at a steady rate (open loop), return the 201 times by job id. The client is
+    bench/rawhttp.py: a lean one, so that the generator takes little of the two cores it
+    shares with what it measures."""
     accepted: dict[str, float] = {}
     sent_at: dict[str, float] = {}
     errors: dict[str, int] = defaultdict(int)
-    limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
-    async with httpx.AsyncClient(base_url=stack.url, timeout=30, limits=limits,
-                                 headers={"Authorization": f"Bearer {stack.token}"}) as c:
-        body = json.dumps(SPEC).encode()
+    url = httpx.URL(stack.url)
+    c = RawHttpClient(url.host, url.port or 80, connections=128, headers={
+        "Authorization": f"Bearer {stack.token}", "Content-Type": "application/json"})
+    body = json.dumps(SPEC).encode()
 
-        async def one() -> None:
-            # a real client: an idempotency key makes retrying a transport error safe
-            headers = {"Content-Type": "application/json",
-                       "Idempotency-Key": uuid.uuid4().hex}
-            sent = time.time()
-            for attempt in range(3):
-                try:
-                    r = await c.post("/v1/jobs", content=body, headers=headers)
-                    break
-                except httpx.TransportError as exc:
-                    if attempt == 2:
-                        errors[type(exc).__name__] += 1
-                        return
-            if r.status_code == 201:
-                accepted[r.json()["id"]] = time.time()
-                sent_at[r.json()["id"]] = sent
-            else:
-                errors[f"http {r.status_code}"] += 1
+    async def one() -> None:
+        # a real client: an idempotency key makes retrying a transport error safe
+        headers = {"Idempotency-Key": uuid.uuid4().hex}
+        sent = time.time()
+        for attempt in range(3):
+            try:
+                r = await c.post("/v1/jobs", body, headers)
+                break
+            except TransportError as exc:
+                if attempt == 2:
+                    errors[type(exc).__name__] += 1
+                    return
+        if r.status_code == 201:
+            accepted[r.json()["id"]] = time.time()
+            sent_at[r.json()["id"]] = sent
+        else:
+            errors[f"http {r.status_code}"] += 1
 
-        start = time.monotonic()
-        n = int(rate * seconds)
-        tasks = []
-        behind = 0.0
-        for i in range(n):
-            delay = start + i / rate - time.monotonic()
-            behind = max(behind, -delay)
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one()))
-        await asyncio.gather(*tasks)
-        elapsed = time.monotonic() - start
+    start = time.monotonic()
+    n = int(rate * seconds)
+    tasks = []
+    behind = 0.0
+    for i in range(n):
+        delay = start + i / rate - time.monotonic()
+        behind = max(behind, -delay)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one()))
+    await asyncio.gather(*tasks)
+    elapsed = time.monotonic() - start
+    await c.aclose()
     return {"accepted": accepted, "sent": sent_at, "errors": errors,  # type: ignore[dict-item]
             "elapsed": elapsed, "behind_s": behind}
 
@@ -378,8 +384,12 @@ def run_baseline(rev: str, rates: str, seconds: float, nodes: int) -> dict[str, 
                    check=True, capture_output=True)
     try:
         out = tree / "baseline.json"
-        # only the options every revision of this script takes; its other files stay in
+        # the same harness on the other platform: this script and its client replace the
+        # revision's own (an older one drove submits with httpx, which spent as much CPU
+        # as the gateway and so measured a different machine); its other files stay in
         # its worktree, removed below
+        for name in ("e2e_latency.py", "rawhttp.py"):
+            shutil.copy(ROOT / "bench" / name, tree / "bench" / name)
         subprocess.run([sys.executable, "bench/e2e_latency.py", "--rates", rates,
                         "--seconds", str(seconds), "--nodes", str(nodes), "--out", str(out)],
                        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True)

@@ -312,8 +312,9 @@ class Consumer:
     def _pace_fetches(self, got_data: bool) -> None:
         """Stretch the fetch wait while idle, back to the short one on the first data.
 
-        A broker that answers a fetch at once when it has nothing (Tansu does: no long
-        poll) makes every idle consumer cost it a fetch per wait, whatever the traffic.
+        A broker that does not answer a waiting fetch as soon as data arrives (Tansu:
+        consumers poll with a short wait to keep latency down) makes every idle consumer
+        cost it a fetch per wait, whatever the traffic.
         Doubling the wait after each empty poll (200 ms of nothing) up to the idle
         bound, and dropping back on the first message, keeps a busy consumer on the
         short wait and an idle one cheap; the price is up to the idle bound on the first

@@ -22,8 +22,8 @@ class CommonSettings(BaseSettings):
     # 20 ms gives p99 ~13 ms a hop at ~4% of a core per idle consumer.
     fetch_max_wait_ms: int = 20
     # ... and an idle consumer stretches it up to this (shared.bus.Consumer._pace_fetches):
-    # the embedded broker answers an empty fetch at once, so idle consumers cost it CPU
-    # per fetch. A broker that long-polls (Apache Kafka) can take 500 for both.
+    # on the embedded broker a consumer polls with a short wait, so an idle one costs it
+    # CPU per fetch. A broker that long-polls (Apache Kafka) can take 500 for both.
     fetch_idle_max_wait_ms: int = 100
     session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 1_000

@@ -156,12 +156,6 @@ async def apply_job_waiting(conn: AsyncConnection, event_id: str, ev: JobWaiting
          "o": occurred_at})
 
 
-async def end_job_waiting(conn: AsyncConnection, job_id: str) -> None:
-    """The job was placed (or stopped, or ended): the scheduler's reason is past."""
-    await conn.execute(text(
-        "DELETE FROM queue_waiting_view WHERE job_id = :j AND position = 0"), {"j": job_id})
-
-
 async def job_waiting(engine: AsyncEngine, job_id: str) -> dict[str, Any] | None:
     async with engine.connect() as conn:
         row = (await conn.execute(text(

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from shared.events import JobState, JobStatus
 
-_ENDS = ("succeeded", "failed", "cancelled", "preempted")
+ENDS = ("succeeded", "failed", "cancelled", "preempted")  # the states that end a run
 
 
 def task_name(task_id: str) -> str:
@@ -49,7 +49,7 @@ async def record(conn: AsyncConnection, st: JobStatus, occurred_at: datetime) ->
     if st.task is not None:
         if st.state is JobState.RUNNING:
             await _open(conn, st, occurred_at)
-        elif st.state.value in _ENDS:
+        elif st.state.value in ENDS:
             await conn.execute(text(
                 """UPDATE task_runs SET ended_at = GREATEST(started_at, :o)
                    WHERE job_id = :j AND task_id = :t AND attempt = :a
@@ -62,7 +62,7 @@ async def record(conn: AsyncConnection, st: JobStatus, occurred_at: datetime) ->
            WHERE job_id = :j AND ended_at IS NULL
              AND (attempt < :a OR (:over AND attempt <= :a))"""),
         {"j": st.job_id, "a": st.attempt, "o": occurred_at,
-         "over": st.state.value in _ENDS})
+         "over": st.state.value in ENDS})
 
 
 async def _open(conn: AsyncConnection, st: JobStatus, occurred_at: datetime) -> None:

@@ -90,13 +90,17 @@ class MonitorReplica:
         async def handle(env: Envelope, event: Event) -> None:
             shard.apply(event)
 
+        async def handle_batch(items: list[tuple[Envelope, Event]]) -> None:
+            for _, event in items:  # a whole fetch at once: no per-message bookkeeping
+                shard.apply(event)
+
         async def export() -> None:
             shard.export(self._owned_telemetry())
 
         self.shard_consumer = Consumer(
             self.settings, ConsumerOptions(self.settings.shard_group, SHARD_TOPICS,
                                            fetch_max_wait_ms=100),
-            handle, self.producer, on_batch_end=export)
+            handle, self.producer, on_batch_end=export, batch_handler=handle_batch)
         return self.shard_consumer
 
     def _owned_telemetry(self) -> set[int]:
@@ -117,6 +121,11 @@ class MonitorReplica:
         async def handle(env: Envelope, event: Event) -> None:
             view.apply(event, env.occurred_at.timestamp(), time.time())
 
+        async def handle_batch(items: list[tuple[Envelope, Event]]) -> None:
+            now = time.time()
+            for env, event in items:
+                view.apply(event, env.occurred_at.timestamp(), now)
+
         async def export() -> None:
             if time.monotonic() - self._exported_at >= s.export_every_s:
                 self.export()
@@ -125,7 +134,8 @@ class MonitorReplica:
         consumer = Consumer(s, ConsumerOptions("monitor-view", VIEW_TOPICS, assign=tps,
                                                fetch_max_wait_ms=100, commit=False,
                                                dead_letter=False),
-                            handle, self.producer, on_batch_end=export)
+                            handle, self.producer, on_batch_end=export,
+                            batch_handler=handle_batch)
         await consumer.start()
         self._view_consumer = consumer
         self._view_task = asyncio.create_task(consumer.run())

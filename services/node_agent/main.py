@@ -26,7 +26,7 @@ from services.node_agent.agent import NodeAgent, simulated_inventory
 from services.node_agent.datasets import DatasetCache
 from services.node_agent.devices.base import DeviceBackend
 from services.node_agent.devices.simulated import SimulatedDevices
-from services.node_agent.lease import Lease
+from services.node_agent.lease import Lease, LeaseBook
 from services.node_agent.logs_api import add_log_routes
 from services.node_agent.runtimes.base import ExitCallback, Runtime
 from services.node_agent.runtimes.simulated import SimulatedRuntime
@@ -62,6 +62,9 @@ class AgentHost:
         self.started_at = utcnow()
         self.agents: dict[str, NodeAgent] = {}
         self.registered = False  # the first registration (after adoption) went out
+        # every node's lease stamp in one file, written once a heartbeat round
+        self.lease_book = LeaseBook(Path(settings.state_dir, f"{settings.node_id}.leases.json")
+                                    ) if settings.state_dir else None
         if settings.fence_after_s <= 2 * settings.heartbeat_s:
             log.warning("fence_after_s leaves no room for a missed heartbeat",
                         fence_after_s=settings.fence_after_s, heartbeat_s=settings.heartbeat_s)
@@ -86,7 +89,8 @@ class AgentHost:
         inv = simulated_inventory(name, devices, s.node_cpu_milli, s.node_memory_mib, s.rack,
                                   runtime=s.node_runtime, address=s.node_address or "127.0.0.1",
                                   agent_url=self.agent_url(), datasets=datasets.list())
-        lease = Lease(s.fence_after_s, Path(s.state_dir, name, "lease") if s.state_dir else None)
+        lease = Lease(s.fence_after_s, Path(s.state_dir, name, "lease") if s.state_dir else None,
+                      book=self.lease_book, key=name)
         self.agents[name] = NodeAgent(
             inv, devices, runtime_factory, self.publish, s.state_dir, datasets=datasets,
             shares=ShareLimits(s.share_grace_s, s.share_strikes, s.share_tolerance_mib),
@@ -177,6 +181,8 @@ class AgentHost:
             return
         for agent in agents:
             agent.renewed(sent)
+        if self.lease_book is not None:
+            self.lease_book.flush()  # one write for the round, whatever the node count
         again = [agent for agent in agents if agent.needs_register]
         if again and self.registered:  # before the first registration: that one will do
             try:

@@ -26,7 +26,7 @@ from aiokafka.errors import KafkaConnectionError
 
 from services.node_agent.agent import NodeAgent, simulated_inventory
 from services.node_agent.devices.simulated import SimulatedDevices
-from services.node_agent.lease import Lease
+from services.node_agent.lease import Lease, LeaseBook
 from services.node_agent.runtimes.simulated import SimulatedRuntime
 from shared.bus import Producer
 from shared.events import (
@@ -260,11 +260,11 @@ async def test_a_paused_agent_process_fences_before_it_reports_or_binds(
                 await seen.wait(job, "running", timeout=60)
             agent.pause()
             await producer.publish(bind(piled, node=node))  # piles up during the pause
-            lease = tmp_path / node / "lease"
+            book = tmp_path / f"{node}.leases.json"  # the process's lease stamps
             task = json.loads(_task_file(tmp_path, node, f"{short}/w-0/1").read_text())
             # paused until the lease has run out (its own record) and the short task's
             # time is up
-            await until(lambda: time.time() > float(lease.read_text()) + 3
+            await until(lambda: time.time() > (LeaseBook(book).get(node) or 0) + 3
                         and time.time() > task["started"] + task["duration"] + 1)
             agent.resume()
 

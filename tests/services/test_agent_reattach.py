@@ -24,7 +24,7 @@ import pytest
 
 from services.node_agent.agent import NodeAgent, simulated_inventory
 from services.node_agent.devices.simulated import SimulatedDevices
-from services.node_agent.lease import Lease
+from services.node_agent.lease import Lease, LeaseBook
 from services.node_agent.runtimes.local_process import LocalProcessRuntime
 from shared.bus import Producer
 from shared.events import BindingAction, NodeHeartbeat, NodeRegistered
@@ -39,7 +39,10 @@ def task_file(state_dir: Path, node: str, key: str) -> dict[str, float]:
 
 
 def lease_stamp(state_dir: Path, node: str) -> float:
-    return float((state_dir / node / "lease").read_text())
+    """The last renewal on disk: the agent process's lease book (its node id names it), or
+    the node's own file for an agent built in the test with ``Lease(path)``."""
+    stamp = LeaseBook(state_dir / f"{node}.leases.json").get(node)
+    return stamp if stamp is not None else float((state_dir / node / "lease").read_text())
 
 
 def restarted(broker: Broker, tmp_path: Path, fence_after_s: float) -> NodeAgent:

@@ -265,8 +265,8 @@ async def test_lag_is_reported_per_consumer_group(broker: str, producer: Produce
 
 async def test_an_idle_consumer_stretches_its_fetch_wait_and_snaps_back_on_data(
         broker: str, producer: Producer, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tansu answers an empty fetch at once, so an idle consumer polling every 20 ms costs
-    the broker CPU for nothing: idle, the wait doubles per empty poll up to the idle bound,
+    """Tansu does not answer a waiting fetch as soon as data arrives, so consumers poll with
+    a short wait, and an idle one polling every 20 ms costs the broker CPU for nothing: idle, the wait doubles per empty poll up to the idle bound,
     and the first message brings it back to the short wait. The waits are read from the
     fetch requests aiokafka sends, so this also checks that it builds each request with
     the wait its fetcher holds at that moment."""

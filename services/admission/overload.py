@@ -6,11 +6,13 @@ submit routes, before the body is read or a token looked up):
 
 - **a bounded wait for a slot**: a replica handles ``max_submits_in_flight`` submits at
   once; the next ones wait their turn, first come first served, and one that has waited
-  ``submit_queue_wait_s`` without getting a slot is refused. This is CoDel's rule
-  (judge the time spent queued, not the time spent served), as Facebook's and
-  Envoy's adaptive queues use it for RPC servers: the wait in the gate is the one part
-  of a submit's latency that only overload makes, so it tells overload apart from a
-  machine that is merely slower. A slower machine serves fewer submits per second, not
+  too long without getting a slot is refused. This is CoDel's rule (judge the time spent
+  queued, not the time spent served), in the form Facebook's RPC servers use: a burst
+  into a queue that was empty within the last ``submit_burst_wait_s`` may wait that
+  long, but once the queue has stood that long (sustained overload) a submit waits at
+  most ``submit_queue_wait_s``. The wait in the gate is the one part of a submit's
+  latency that only overload makes, so it tells overload apart from a machine that is
+  merely slower, and a client's burst apart from a rate the platform cannot take. A slower machine serves fewer submits per second, not
   fewer submits at once, so the gateway takes all it can serve and refuses the rest;
   accepted submits take at most the wait bound plus their own service time.
   (An earlier limit adapted to the whole submit latency: on a busy machine that latency
@@ -33,6 +35,7 @@ import asyncio
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 
 from prometheus_client import Gauge, Histogram
 from sqlalchemy import text
@@ -61,9 +64,14 @@ class OverloadGuard:
     """What the bounds are, where the platform stands against them, and the slots."""
 
     def __init__(self, max_in_flight: int, max_intake_lag_s: float,
-                 sample_s: float = 1.0, queue_wait_s: float = 0.25) -> None:
+                 sample_s: float = 1.0, queue_wait_s: float = 0.5,
+                 burst_wait_s: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.max_in_flight = max_in_flight
         self.queue_wait_s = queue_wait_s
+        self.burst_wait_s = max(burst_wait_s, queue_wait_s)
+        self._clock = clock
+        self._empty_at = clock()  # when no submit last waited for a slot
         self.max_intake_lag_s = max_intake_lag_s
         self.sample_s = sample_s
         self.in_flight = 0
@@ -73,7 +81,8 @@ class OverloadGuard:
     @classmethod
     def from_settings(cls, settings: AdmissionSettings) -> OverloadGuard:
         return cls(settings.max_submits_in_flight, settings.max_intake_lag_s,
-                   settings.intake_sample_s, settings.submit_queue_wait_s)
+                   settings.intake_sample_s, settings.submit_queue_wait_s,
+                   settings.submit_burst_wait_s)
 
     @property
     def waiting(self) -> int:
@@ -97,18 +106,24 @@ class OverloadGuard:
         if self.in_flight < self.max_in_flight and not self._waiters:
             self._take()
             return None
+        now = self._clock()
+        if not self._waiters:
+            self._empty_at = now
+        # a queue standing longer than the burst allowance is overload: short waits
+        wait = self.queue_wait_s if now - self._empty_at > self.burst_wait_s \
+            else self.burst_wait_s
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         WAITING.set(len(self._waiters))
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), self.queue_wait_s)
+            await asyncio.wait_for(asyncio.shield(waiter), wait)
         except TimeoutError:
             if waiter.done():  # a slot was handed over as the wait ran out: keep it
                 return None
             self._forget(waiter)
             return (f"this gateway is handling {self.in_flight} submits, as many as it "
-                    f"takes at once, and this one waited {self.queue_wait_s:g} s for a "
-                    "turn: retry shortly"), 1
+                    f"takes at once, and this one waited {wait:g} s for a turn: retry "
+                    "shortly"), 1
         except BaseException:  # the client went away while it waited
             if waiter.done():
                 self.release()  # the slot it was handed goes on to the next one

@@ -31,11 +31,15 @@ class AdmissionSettings(CommonSettings):
     # Submits one replica handles at once (0 = no bound; the next ones wait their turn,
     # and one that waited `submit_queue_wait_s` is refused), and how far behind the
     # platform may be in taking up accepted jobs, in seconds (0 = no bound), sampled this
-    # often. 8 at once keep both cores busy while a submit waits on PostgreSQL (within
-    # the database pool); more only lengthen each one's turn (at 20 submits/s, 16 at once
-    # took 0.8 s each on a saturated machine, 8 take half that)
-    max_submits_in_flight: int = Field(default=8, ge=0)
-    submit_queue_wait_s: float = Field(default=0.25, gt=0)
+    # often. 16 at once keep both cores busy while submits wait on PostgreSQL (within the
+    # database pool) and take a client's 16 concurrent requests without a queue; more
+    # only lengthen each one's turn on a saturated machine
+    max_submits_in_flight: int = Field(default=16, ge=0)
+    # how long a submit may wait for a slot: a burst into a queue that was empty within
+    # `submit_burst_wait_s` may wait that long; once the queue has stood that long
+    # (overload), `submit_queue_wait_s` at most
+    submit_queue_wait_s: float = Field(default=0.5, gt=0)
+    submit_burst_wait_s: float = Field(default=2.0, gt=0)
     max_intake_lag_s: float = Field(default=30.0, ge=0)
     intake_sample_s: float = Field(default=1.0, gt=0)
     # the submit path's reads of what rarely changes, kept this long per replica (0 = read

@@ -93,7 +93,8 @@ async def test_the_middleware_answers_the_lag_with_a_bounded_retry_after(db_url:
 
 
 async def test_a_submit_waits_its_turn_for_a_slot_and_is_refused_past_the_wait() -> None:
-    guard = OverloadGuard(max_in_flight=2, max_intake_lag_s=0, queue_wait_s=0.5)
+    guard = OverloadGuard(max_in_flight=2, max_intake_lag_s=0, queue_wait_s=0.1,
+                          burst_wait_s=0.5)
     assert await guard.acquire() is None and await guard.acquire() is None
     assert guard.in_flight == 2
     third = asyncio.create_task(guard.acquire())
@@ -111,6 +112,25 @@ async def test_a_submit_waits_its_turn_for_a_slot_and_is_refused_past_the_wait()
     guard.release()
     guard.release()
     assert guard.in_flight == 0
+
+
+async def test_a_queue_that_stood_past_the_burst_allowance_gets_short_waits() -> None:
+    now = [0.0]
+    guard = OverloadGuard(max_in_flight=1, max_intake_lag_s=0, queue_wait_s=0.05,
+                          burst_wait_s=30, clock=lambda: now[0])
+    assert await guard.acquire() is None
+    early = asyncio.create_task(guard.acquire())  # a burst: may wait up to 30 s
+    async with asyncio.timeout(5):
+        while guard.waiting < 1:
+            await asyncio.sleep(0.005)
+    now[0] = 31.0  # the queue has not been empty since: overload, not a burst
+    late = await guard.acquire()
+    assert late is not None and "waited 0.05 s for a turn" in late[0]
+    assert not early.done()  # the burst's own allowance still holds
+    guard.release()
+    assert await early is None
+    guard.release()
+    assert guard.in_flight == 0 and guard.waiting == 0
 
 
 async def test_a_client_gone_while_it_waits_leaves_no_slot_behind() -> None:

@@ -41,9 +41,10 @@ from prometheus_client import Gauge, Histogram
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.admission.ratelimit import REFUSED
+from services.admission.request_metrics import recording_status
 from services.admission.settings import AdmissionSettings
 
 SUBMIT_PATHS = ("/v1/jobs", "/v1/environments")
@@ -184,13 +185,7 @@ class SubmitGate:
             await JSONResponse({"detail": why}, status_code=429, headers={
                 "Retry-After": str(retry_after)})(scope, receive, send)
             return
-        status = [500]
-
-        async def noted(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
+        status, noted = recording_status(send)
         try:
             await self.app(scope, receive, noted)
         finally:

@@ -17,6 +17,19 @@ HTTP_SECONDS = Histogram("kairos_http_request_seconds", "HTTP request latency", 
                          buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
 
 
+def recording_status(send: Send) -> tuple[list[int], Send]:
+    """``send`` that notes the answer's status as it goes (500 until one is sent: an
+    exception out of the app answers 500)."""
+    status = [500]
+
+    async def noted(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            status[0] = message["status"]
+        await send(message)
+
+    return status, noted
+
+
 class RequestMetrics:
     """Outermost, so a 429, 413 or 503 from the middlewares inside it is counted too."""
 
@@ -28,13 +41,7 @@ class RequestMetrics:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        status = [500]  # an exception out of the app answers 500 (ServerErrorMiddleware)
-
-        async def noted(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
+        status, noted = recording_status(send)
         try:
             await self.app(scope, receive, noted)
         finally:

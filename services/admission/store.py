@@ -61,6 +61,8 @@ def accepts(current: JobState, current_attempt: int, new: JobState, attempt: int
         return True
     if attempt != current_attempt:
         return attempt > current_attempt
+    if new is JobState.PENDING and current is JobState.PENDING:
+        return True  # queueing says why it waits ("waiting: quota"): the reason moves on
     return _RANK[new] > _RANK[current] or (
         new is JobState.PREEMPTED and current in (JobState.BOUND, JobState.RUNNING)
     )
@@ -284,6 +286,7 @@ _JOB_STATUS = text(f"""
           AND (:s = 'cancelled'
                OR (attempt <> :a AND :a > attempt)
                OR (attempt = :a AND ({_rank_sql(':s')} > {_rank_sql('state')}
+                   OR (:s = 'pending' AND state = 'pending')
                    OR (:s = 'preempted' AND state IN ('bound', 'running')))))
         RETURNING id),
     unwaited AS (

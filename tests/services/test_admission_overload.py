@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import text
 
 from services.admission.overload import SUBMIT_SECONDS, OverloadGuard
+from shared.events import JobState
 from tests.services.gateway_helpers import JOB, auth, gateway
 
 pytestmark = pytest.mark.db
@@ -71,6 +72,22 @@ async def test_a_platform_behind_on_its_intake_refuses_until_it_caught_up(db_url
         await guard.sample(gw.engine)
         assert guard.intake_lag_s == 0 and guard.lag_refusal() is None
         assert await _count(gw.engine, "jobs") == before
+
+
+async def test_a_job_waiting_in_its_queue_is_taken_up_not_intake_lag(db_url: str) -> None:
+    """Queueing's notice that a job waits for quota moves the job's reason on in the read
+    model, so a job that waits long in its queue never reads as intake lag (it did: every
+    submit was refused once any job had waited 30 s for quota)."""
+    async with gateway(db_url, max_intake_lag_s=30) as gw:
+        guard: OverloadGuard = gw.app.state.overload
+        tok = await gw.token("vision")
+        job = await gw.submit(tok)
+        await gw.status(job, JobState.PENDING, reason="waiting: quota")
+        async with gw.engine.begin() as conn:  # it has waited in its queue for 70 s
+            await conn.execute(text("UPDATE jobs SET submitted_at = now() - interval '70 s'"))
+        await guard.sample(gw.engine)
+        assert guard.intake_lag_s == 0 and guard.lag_refusal() is None
+        await gw.submit(tok)
 
 
 async def test_the_middleware_answers_the_lag_with_a_bounded_retry_after(db_url: str) -> None:

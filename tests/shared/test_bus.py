@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -275,13 +276,18 @@ async def test_an_idle_consumer_stretches_its_fetch_wait_and_snaps_back_on_data(
     sent: list[int] = []
     real = aiokafka_fetcher.FetchRequest
 
+    topic = await fresh_topic(broker)
+
     class Recording(real):  # type: ignore[misc,valid-type]
-        def __init__(self, max_wait_time: int, *args: object, **kwargs: object) -> None:
-            sent.append(max_wait_time)
-            super().__init__(max_wait_time, *args, **kwargs)
+        def __init__(self, max_wait_time: int, min_bytes: int, max_bytes: int,
+                     isolation_level: int, topics: list[tuple[str, Any]],
+                     *args: object, **kwargs: object) -> None:
+            if any(t == topic for t, _ in topics):  # this consumer's, not another test's
+                sent.append(max_wait_time)
+            super().__init__(max_wait_time, min_bytes, max_bytes, isolation_level, topics,
+                             *args, **kwargs)
 
     monkeypatch.setattr(aiokafka_fetcher, "FetchRequest", Recording)
-    topic = await fresh_topic(broker)
     s = settings(broker).model_copy(update={"fetch_max_wait_ms": 20,
                                             "fetch_idle_max_wait_ms": 160})
     got, handle = collector()

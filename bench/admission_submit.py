@@ -9,7 +9,10 @@ events as the platform sends them (admitted, bound, its binding, task and job ru
 task and job succeeded) through ``store.apply_events`` in batches of 50, as admission's
 consumer applies a fetch: CPU milliseconds per job. ``--profile`` prints cProfile's top.
 
-    python bench/admission_submit.py [--submits 400] [--profile]
+    python bench/admission_submit.py [--submits 400] [--profile] [--baseline REV]
+
+Writes bench/results/admission_submit.json; ``--baseline REV`` first runs this same script
+on another commit (a git worktree), in the same invocation, and puts its figures beside.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import json
 import pstats
 import shutil
-import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -45,15 +49,8 @@ from shared.events import (  # noqa: E402
     JobStatus,
     TaskBinding,
 )
+from tests.conftest import _system_pg_up  # noqa: E402
 from tests.services.gateway_helpers import JOB, auth, gateway  # noqa: E402
-
-
-def _system_pg() -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", 5432), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 async def measure(url: str, n: int, profile: bool) -> dict[str, float]:
@@ -133,22 +130,48 @@ def _order(ev: Event) -> tuple[int, str]:
     return (stage, ev.job_id)
 
 
+def run_baseline(rev: str, submits: int) -> dict[str, Any]:
+    """This script on another commit, from a git worktree: its figures and its rev."""
+    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", rev], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    tree = Path(tempfile.mkdtemp(prefix="kairos-baseline-"))
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), sha],
+                   check=True, capture_output=True)
+    try:
+        shutil.copy(ROOT / "bench" / "admission_submit.py", tree / "bench")
+        out = tree / "baseline.json"
+        subprocess.run([sys.executable, "bench/admission_submit.py", "--submits",
+                        str(submits), "--out", str(out)], cwd=tree, check=True)
+        data: dict[str, Any] = json.loads(out.read_text())
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                       capture_output=True)
+    data.pop("baseline", None)
+    return {"rev": sha, **data}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--submits", type=int, default=400)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--baseline", metavar="REV")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" /
+                    "admission_submit.json")
     args = ap.parse_args()
+    baseline = run_baseline(args.baseline, args.submits) if args.baseline else None
     pg = None
     workdir = None
-    if _system_pg():
+    if _system_pg_up():
         url = f"postgresql+asyncpg://postgres@127.0.0.1:5432/bench_{uuid.uuid4().hex[:8]}"
     else:
         workdir = Path(tempfile.mkdtemp(prefix="kairos-bench-pg-"))
         pg = EmbeddedPostgres(workdir / "data")
         url = pg.start().replace("/kairos?", f"/bench_{uuid.uuid4().hex[:8]}?")
     try:
-        print(asyncio.run(measure(url, args.submits, args.profile)))
+        result = asyncio.run(measure(url, args.submits, args.profile))
+        print(result)
+        args.out.write_text(json.dumps({**result, "baseline": baseline}, indent=2) + "\n")
     finally:
         if pg is not None:
             pg.stop()

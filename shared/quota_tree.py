@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from scheduling import JobRequest, Quota, Resources, TaskRequest
+from scheduling import JobRequest, Quota, Resources
+from shared.job_request import task_requests
 from shared.jobspec import JobSpec
 from shared.queuespec import QueueSpec, effective_tenant
 
@@ -31,16 +32,6 @@ def add(a: Vec, b: Vec, sign: float = 1.0) -> Vec:
 
 def fmt(v: float) -> str:
     return f"{v:g}" if v < BIG / 2 else "unlimited"
-
-
-def task_requests(spec: JobSpec) -> tuple[TaskRequest, ...]:
-    """The spec's task groups as the scheduling core takes them (as submitted)."""
-    return tuple(TaskRequest(t.name, t.effective_role, t.replicas, gpu=t.resources.gpu,
-                             gpu_memory_mib=t.resources.gpu_memory,
-                             gpu_compute_pct=t.resources.gpu_compute,
-                             cpu_milli=t.resources.cpu, memory_mib=t.resources.memory,
-                             min_replicas=t.min_replicas, max_replicas=t.max_replicas)
-                 for t in spec.tasks)
 
 
 def request_demand(req: JobRequest) -> Vec:

@@ -52,6 +52,7 @@ from services.admission.routes_queues import (
 from services.admission.routes_queues import router as queues_router
 from services.admission.routes_usage import router as usage_router
 from services.admission.settings import AdmissionSettings
+from shared.elastic_resize import ResizeRefused, elastic_task
 from shared.events import CommandAction, JobCommand, JobState
 from shared.http import ReadyCheck, add_ops_routes
 from shared.jobspec import JobSpec, parse_job_spec
@@ -348,21 +349,14 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
                                 detail=f"job {job_id} already ended ({row['state']})")
         spec = JobSpec.model_validate(row["spec"] if isinstance(row["spec"], dict)
                                       else json.loads(row["spec"]))
-        elastic = [t for t in spec.tasks if t.elastic]
-        if not elastic:
-            raise HTTPException(status.HTTP_409_CONFLICT, detail=(
-                f"job {job_id} is not elastic: no task sets minReplicas/maxReplicas"))
-        task = next((t for t in elastic if t.name == body.task), None) if body.task else (
-            elastic[0] if len(elastic) == 1 else None)
-        if task is None:
+        try:
+            task = elastic_task(spec, body.task, body.replicas)
+        except ResizeRefused as e:
+            if e.field is None:
+                raise HTTPException(status.HTTP_409_CONFLICT,
+                                    detail=f"job {job_id} is not elastic: {e.message}") from e
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=[{
-                "field": "task", "type": "value_error", "message": "name one of the elastic "
-                f"tasks: {', '.join(t.name for t in elastic)}"}])
-        if not task.least_replicas <= body.replicas <= task.most_replicas:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=[{
-                "field": "replicas", "type": "value_error", "message": (
-                    f"task {task.name} runs {task.least_replicas} to {task.most_replicas} "
-                    f"replicas, not {body.replicas}")}])
+                "field": e.field, "type": "value_error", "message": e.message}]) from e
         async with engine.begin() as conn:
             await add_to_outbox(conn, JobCommand(
                 job_id=job_id, action=CommandAction.RESIZE, replicas=body.replicas,

@@ -17,7 +17,8 @@ from scheduling import GpuSlot, JobRequest, Node, Quota, Resources, Scheduler, S
 from services.queueing.config import OrderingSpec
 from services.queueing.quota import Vec
 from shared.events import JobSubmitted
-from shared.quota_tree import request_demand, task_requests
+from shared.job_request import job_request as shared_job_request
+from shared.quota_tree import request_demand
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,14 +33,9 @@ class Held:
 
 
 def job_request(sub: JobSubmitted, attempt: int) -> JobRequest:
-    spec = sub.spec
-    return JobRequest(
-        job_id=sub.job_id,
-        tasks=task_requests(spec),
-        queue=sub.queue, tenant=sub.queue, user=sub.user, priority=spec.priority,
-        priority_class=spec.priority_class.value, submit_time=sub.submitted_at.timestamp(),
-        min_available=spec.min_available, runtime_estimate_s=spec.runtime_estimate,
-        preemptible=spec.preemptible, attempt=attempt)
+    """A held job for the core: its tenant is its queue (fair share runs between queues)."""
+    return shared_job_request(sub.spec, job_id=sub.job_id, queue=sub.queue, tenant=sub.queue,
+                              user=sub.user, submitted_at=sub.submitted_at, attempt=attempt)
 
 
 def demand(req: JobRequest) -> Vec:

@@ -23,9 +23,9 @@ from scheduling import (
     ResizeReason,
     RunningJob,
     Snapshot,
-    TaskRequest,
 )
 from services.scheduler.explain import PendingNotices
+from shared.elastic_resize import ResizeRefused, elastic_task
 from shared.events import (
     FENCED,
     RETURNED,
@@ -52,6 +52,7 @@ from shared.events import (
     NodeTelemetry,
     TaskBinding,
 )
+from shared.job_request import job_request as shared_job_request
 from shared.jobspec import TaskSpec
 from shared.logging import get_logger
 from shared.topics import topic_for
@@ -161,44 +162,12 @@ class Output:
         self.events.append((Envelope.wrap(event, source, event_id), topic_for(event).name))
 
 
-def _task_request(t: TaskSpec, target: int | None, cap: int | None) -> TaskRequest:
-    """An elastic group starts with ``replicas`` (or the user's target), at least its
-    minimum, and grows up to its maximum, capped by the target and by ``cap``."""
-    replicas, lo, hi = t.replicas, None, None
-    if t.elastic:
-        lo, hi = t.least_replicas, t.most_replicas
-        if target is not None:
-            replicas = hi = max(lo, min(hi, target))
-        if cap is not None:  # the group is finishing: never grow it again
-            hi = min(hi, cap)
-            replicas = min(replicas, hi)
-            lo = min(lo, hi)
-    return TaskRequest(name=t.name, role=t.effective_role, replicas=replicas,
-                       gpu=t.resources.gpu, gpu_memory_mib=t.resources.gpu_memory,
-                       gpu_compute_pct=t.resources.gpu_compute, cpu_milli=t.resources.cpu,
-                       memory_mib=t.resources.memory, min_replicas=lo, max_replicas=hi)
-
-
 def job_request(job: SchedJob, caps: Mapping[str, int] | None = None) -> JobRequest:
     assert job.ready is not None
-    spec = job.ready.spec
-    caps = caps or {}
-    return JobRequest(
-        job_id=job.job_id,
-        tasks=tuple(_task_request(t, job.targets.get(t.name), caps.get(t.name))
-                    for t in spec.tasks),
-        queue=job.ready.queue,
-        tenant=job.ready.tenant,
-        user=job.ready.user,
-        priority=spec.priority,
-        priority_class=spec.priority_class.value,
-        submit_time=job.ready.submitted_at.timestamp(),
-        min_available=spec.min_available,
-        runtime_estimate_s=spec.runtime_estimate,
-        dataset=spec.dataset or "",
-        preemptible=spec.preemptible,
-        attempt=job.attempt,
-    )
+    r = job.ready
+    return shared_job_request(r.spec, job_id=job.job_id, queue=r.queue, tenant=r.tenant,
+                              user=r.user, submitted_at=r.submitted_at, attempt=job.attempt,
+                              targets=job.targets, caps=caps)
 
 
 Placer = Callable[[Snapshot], Plan]
@@ -716,12 +685,11 @@ class SchedulerState:
                 job.cancel_requested or cmd.replicas is None:
             log.warning("resize ignored: no such live job", job=cmd.job_id)
             return
-        elastic = [t for t in job.ready.spec.tasks if t.elastic]
-        task = (next((t for t in elastic if t.name == cmd.task), None) if cmd.task
-                else elastic[0] if len(elastic) == 1 else None)
-        if task is None or not task.least_replicas <= cmd.replicas <= task.most_replicas:
-            log.warning("resize ignored: no elastic group or out of range", job=cmd.job_id,
-                        task=cmd.task, replicas=cmd.replicas)
+        try:
+            task = elastic_task(job.ready.spec, cmd.task, cmd.replicas)
+        except ResizeRefused as e:
+            log.warning("resize ignored", job=cmd.job_id, task=cmd.task,
+                        replicas=cmd.replicas, why=e.message)
             return
         job.targets[task.name] = cmd.replicas
         out.dirty_jobs.add(job.job_id)

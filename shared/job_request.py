@@ -1,0 +1,60 @@
+"""A job spec as the scheduling core takes it (``JobRequest``): the one conversion that
+queueing, the scheduler and the gateway's quota check all use, so the three cannot
+disagree on what a job asks for."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+
+from scheduling import JobRequest, TaskRequest
+from shared.jobspec import JobSpec, TaskSpec
+
+
+def task_request(t: TaskSpec, target: int | None = None, cap: int | None = None) -> TaskRequest:
+    """An elastic group starts with ``replicas`` (or the user's resize ``target``), at
+    least its minimum, and grows up to its maximum, capped by the target and by ``cap``
+    (a group that is finishing never grows again). A group that cannot change size is
+    plain: the core sees no range."""
+    replicas, lo, hi = t.replicas, None, None
+    if t.elastic:
+        lo, hi = t.least_replicas, t.most_replicas
+        if target is not None:
+            replicas = hi = max(lo, min(hi, target))
+        if cap is not None:
+            hi = min(hi, cap)
+            replicas = min(replicas, hi)
+            lo = min(lo, hi)
+    return TaskRequest(name=t.name, role=t.effective_role, replicas=replicas,
+                       gpu=t.resources.gpu, gpu_memory_mib=t.resources.gpu_memory,
+                       gpu_compute_pct=t.resources.gpu_compute, cpu_milli=t.resources.cpu,
+                       memory_mib=t.resources.memory, min_replicas=lo, max_replicas=hi)
+
+
+def task_requests(spec: JobSpec, targets: Mapping[str, int] | None = None,
+                  caps: Mapping[str, int] | None = None) -> tuple[TaskRequest, ...]:
+    """The spec's task groups, each with its resize target and cap if it has one."""
+    targets, caps = targets or {}, caps or {}
+    return tuple(task_request(t, targets.get(t.name), caps.get(t.name)) for t in spec.tasks)
+
+
+def job_request(spec: JobSpec, *, job_id: str, queue: str, tenant: str, user: str,
+                submitted_at: datetime, attempt: int,
+                targets: Mapping[str, int] | None = None,
+                caps: Mapping[str, int] | None = None) -> JobRequest:
+    """The whole job: its tasks, who submitted it where, and what the policy ranks by."""
+    return JobRequest(
+        job_id=job_id,
+        tasks=task_requests(spec, targets, caps),
+        queue=queue,
+        tenant=tenant,
+        user=user,
+        priority=spec.priority,
+        priority_class=spec.priority_class.value,
+        submit_time=submitted_at.timestamp(),
+        min_available=spec.min_available,
+        runtime_estimate_s=spec.runtime_estimate,
+        dataset=spec.dataset or "",
+        preemptible=spec.preemptible,
+        attempt=attempt,
+    )

@@ -12,11 +12,10 @@ from typing import Annotated, Any
 
 import typer
 
-from kairos.cli import PROFILE, app, console, err
+from kairos.cli_common import console, err, profile_value
 
 admin_app = typer.Typer(help="Operator tools that work on the broker and the database.",
                         no_args_is_help=True)
-app.add_typer(admin_app, name="admin")
 
 BootstrapOpt = Annotated[str | None, typer.Option(
     "--bootstrap", help="Kafka bootstrap (default $KAIROS_KAFKA_BOOTSTRAP or the running "
@@ -27,16 +26,13 @@ DatabaseOpt = Annotated[str | None, typer.Option(
 
 
 def _endpoint(value: str | None, env: str, key: str) -> str:
-    found = value or os.environ.get(env)
-    if not found and PROFILE.exists():
-        found = json.loads(PROFILE.read_text()).get(key)
+    found = value or os.environ.get(env) or profile_value(key)
     if not found:
         err.print(f"[red]no {key}: pass it, set {env}, or start the platform (`make run`)[/]")
         raise typer.Exit(2)
     return str(found)
 
 
-@app.command("check")
 def check(bootstrap: BootstrapOpt = None, database_url: DatabaseOpt = None,
           as_json: Annotated[bool, typer.Option("--json", help="the report as JSON")] = False
           ) -> None:

@@ -6,13 +6,12 @@ import time
 from typing import Annotated, Any
 
 import typer
-from rich.table import Column, Table
 
-from kairos.cli import TokenOpt, UrlOpt, _client, _request, app, console, err
+from kairos.cli_common import TokenOpt, UrlOpt, client, console, err, request
+from kairos.cli_output import Col, OutputOpt, field, show, timestamp
 
 env_app = typer.Typer(help="Interactive GPU environments: request, list, return.",
                       no_args_is_help=True)
-app.add_typer(env_app, name="env")
 
 
 def _where(e: dict[str, Any]) -> str:
@@ -24,7 +23,7 @@ def _where(e: dict[str, Any]) -> str:
 
 
 @env_app.command("request")
-def request(
+def env_request(
     gpu: Annotated[int | None, typer.Option(help="whole GPUs (default 1)")] = None,
     gpu_memory: Annotated[int, typer.Option(help="MiB of one shared GPU")] = 0,
     gpu_compute: Annotated[int, typer.Option(help="percent of one shared GPU")] = 0,
@@ -47,8 +46,8 @@ def request(
         body["image"] = image
     if command:
         body["command"] = command.split()
-    with _client(url, token) as c:
-        env = _request(c, "POST", "/v1/environments", json=body)
+    with client(url, token) as c:
+        env = request(c, "POST", "/v1/environments", json=body)
         console.print(f"requested [bold]{env['id']}[/] ({env['name']}) in queue {env['queue']}")
         deadline = time.monotonic() + wait
         while wait and env["state"] not in ("running", "succeeded", "failed", "cancelled"):
@@ -56,28 +55,40 @@ def request(
                 err.print(f"still {env['state']} ({env['reason']}) after {wait:g}s")
                 raise typer.Exit(4)
             time.sleep(0.5)
-            env = _request(c, "GET", f"/v1/environments/{env['id']}")
+            env = request(c, "GET", f"/v1/environments/{env['id']}")
     if wait:
         console.print(f"{env['state']}: connect to {_where(env)}")
 
 
+def _gpus(e: dict[str, Any]) -> str:
+    r = e["resources"]
+    return str(r.get("gpu") or f"{r.get('gpuMemory', 0)}MiB/{r.get('gpuCompute', 0)}%")
+
+
+ENV_COLUMNS = (
+    Col("id", field("id"), whole=True),  # ids and ports stay whole: they are copied
+    Col("name", field("name")),
+    Col("queue", field("queue"), wide=True),
+    Col("user", field("user"), wide=True),
+    Col("state", field("state")),
+    Col("gpus", _gpus),
+    Col("limit", lambda e: f"{e['time_limit_s']}s"),
+    Col("expires", timestamp("expires_at"), wide=True),
+    Col("connect to", _where, whole=True),
+)
+
+
 @env_app.command("list")
-def list_(url: UrlOpt = None, token: TokenOpt = None) -> None:
+def list_(output: OutputOpt = None, url: UrlOpt = None, token: TokenOpt = None) -> None:
     """Your tenant's environments (an admin's: every tenant's)."""
-    with _client(url, token) as c:
-        page = _request(c, "GET", "/v1/environments")
-    t = Table(Column("id", no_wrap=True, min_width=18), "name", "state", "gpus", "limit",
-              Column("connect to", no_wrap=True, min_width=15))  # ids and ports stay whole
-    for e in page["items"]:
-        r = e["resources"]
-        gpus = str(r.get("gpu") or f"{r.get('gpuMemory', 0)}MiB/{r.get('gpuCompute', 0)}%")
-        t.add_row(e["id"], e["name"], e["state"], gpus, f"{e['time_limit_s']}s", _where(e))
-    console.print(t)
+    with client(url, token) as c:
+        page = request(c, "GET", "/v1/environments")
+    show(console, page["items"], ENV_COLUMNS, output)
 
 
 @env_app.command("return")
 def return_(env_id: str, url: UrlOpt = None, token: TokenOpt = None) -> None:
     """Hand the environment back: its session stops and its GPUs are freed."""
-    with _client(url, token) as c:
-        _request(c, "DELETE", f"/v1/environments/{env_id}")
+    with client(url, token) as c:
+        request(c, "DELETE", f"/v1/environments/{env_id}")
     console.print(f"returned [bold]{env_id}[/]")

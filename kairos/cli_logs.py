@@ -1,7 +1,4 @@
-"""``kairos logs JOB [--task T] [--attempt N] [--tail N] [--follow]``: a task's output.
-
-Registers on the ``kairos`` app (imported at the bottom of ``kairos/cli.py``).
-"""
+"""``kairos logs JOB [--task T] [--attempt N] [--tail N] [--follow]``: a task's output."""
 
 from __future__ import annotations
 
@@ -11,10 +8,9 @@ from typing import Annotated, Any
 import httpx
 import typer
 
-from kairos.cli import TokenOpt, UrlOpt, _client, _fail, app, err
+from kairos.cli_common import TokenOpt, UrlOpt, client, err, fail
 
 
-@app.command()
 def logs(
     job_id: str,
     task: Annotated[str | None, typer.Option("--task", "-t", help=(
@@ -30,13 +26,13 @@ def logs(
     for name, value in (("task", task), ("attempt", attempt), ("tail", tail)):
         if value is not None:
             params[name] = value
-    with _client(url, token) as c:
+    with client(url, token) as c:
         try:
             with c.stream("GET", f"/v1/jobs/{job_id}/logs", params=params,
                           timeout=httpx.Timeout(30, read=None if follow else 30)) as r:
                 if r.status_code >= 400:
                     r.read()
-                    _fail(r)
+                    fail(r)
                 shown = r.headers.get("x-kairos-task", "")
                 if task is None and shown:
                     err.print(f"[dim]task {shown.split('/')[1]} (attempt {shown.split('/')[2]}) "

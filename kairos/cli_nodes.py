@@ -1,24 +1,65 @@
-"""``kairos node cordon|drain|uncordon NODE`` (admin), beside ``kairos nodes``."""
+"""``kairos nodes`` (nodes with their GPUs and allocation) and ``kairos node
+cordon|drain|uncordon NODE`` (admin)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from kairos.cli import TokenOpt, UrlOpt, _client, _request, app, console
+from kairos.cli_common import TokenOpt, UrlOpt, client, console, request
+from kairos.cli_output import Col, OutputOpt, field, show, timestamp
 
 node_app = typer.Typer(help="Node operations (admin): cordon, drain, uncordon.",
                        no_args_is_help=True)
-app.add_typer(node_app, name="node")
 
 ReasonOpt = Annotated[str, typer.Option(help="why (shown by `kairos nodes`)")]
 
 
+def gpu_health(gpus: list[dict[str, Any]]) -> str:
+    """'ok', or how many GPUs are unhealthy by kind: '2 degraded'."""
+    counts: dict[str, int] = {}
+    for g in gpus:
+        counts[g["health"]] = counts.get(g["health"], 0) + 1
+    return ", ".join(f"{n} {h}" for h, n in sorted(counts.items())) or "ok"
+
+
+def _state(n: dict[str, Any]) -> str:
+    """Its state, and how it is cordoned or drained when it is."""
+    if n.get("scheduling", "schedulable") == "schedulable":
+        return str(n["state"])
+    return f"{n['state']},{n['scheduling']}"
+
+
+def _model(n: dict[str, Any]) -> str:
+    gpus = n["inventory"]["gpus"]
+    return str(gpus[0]["model"]) if gpus else "-"
+
+
+NODE_COLUMNS = (
+    Col("node", field("node_id"), whole=True),
+    Col("state", _state),
+    Col("gpus", field("gpus_total")),
+    Col("allocated", field("gpus_allocated")),
+    Col("shared", field("gpus_shared")),
+    Col("health", lambda n: gpu_health(n.get("gpu_health") or [])),
+    Col("model", _model),
+    Col("why", field("scheduling_reason"), wide=True),
+    Col("heartbeat", timestamp("last_heartbeat"), wide=True),
+)
+
+
+def nodes(output: OutputOpt = None, url: UrlOpt = None, token: TokenOpt = None) -> None:
+    """Nodes with their GPUs and allocation."""
+    with client(url, token) as c:
+        rows = request(c, "GET", "/v1/nodes")
+    show(console, rows, NODE_COLUMNS, output)
+
+
 def _command(action: str, node_id: str, body: dict[str, object], url: str | None,
              token: str | None) -> None:
-    with _client(url, token) as c:
-        out = _request(c, "POST", f"/v1/nodes/{node_id}/{action}", json=body)
+    with client(url, token) as c:
+        out = request(c, "POST", f"/v1/nodes/{node_id}/{action}", json=body)
     console.print(f"node [bold]{out['node_id']}[/] {out['scheduling']} "
                   f"(generation {out['generation']})")
 

@@ -8,13 +8,12 @@ from typing import Annotated, Any
 
 import typer
 import yaml
-from rich.table import Column, Table
 
-from kairos.cli import TokenOpt, UrlOpt, _client, _request, app, console, err
+from kairos.cli_common import TokenOpt, UrlOpt, client, console, err, request
+from kairos.cli_output import Col, OutputOpt, field, show
 
 queue_app = typer.Typer(help="Queues and their quota (admin): create, update, close, drain, "
                         "open.", no_args_is_help=True)
-app.add_typer(queue_app, name="queue")
 
 
 def _num(v: float | None) -> str:
@@ -25,21 +24,33 @@ def _gpus(amount: dict[str, Any] | None) -> str:
     return _num((amount or {}).get("gpus"))
 
 
-@app.command()
-def queues(url: UrlOpt = None, token: TokenOpt = None) -> None:
-    """Queues with their GPU quota, usage, borrowing and job counts."""
-    with _client(url, token) as c:
-        rows = _request(c, "GET", "/v1/queues")
-    t = Table("parent", "tenant", "state", "GPUs used/quota", "borrowed", "borrow max",
-              "weight", "pending", "admitted", "running")
-    t.columns.insert(0, Column("queue", no_wrap=True, min_width=12))  # names stay whole
-    for q in rows:
-        name = q["name"] + (" (cohort)" if q["kind"] == "cohort" else "")
-        t.add_row(name, q["parent"] or "-", q["tenant"] or "(shared)",
-                  q["state"], f"{q['used']['gpus']:g}/{_gpus(q['guaranteed'])}",
-                  f"{q['borrowed']['gpus']:g}", _gpus(q["borrowing_limit"]),
-                  f"{q['weight']:g}", str(q["pending"]), str(q["admitted"]), str(q["running"]))
-    console.print(t)
+def _name(q: dict[str, Any]) -> str:
+    return str(q["name"]) + (" (cohort)" if q["kind"] == "cohort" else "")
+
+
+QUEUE_COLUMNS = (
+    Col("queue", _name, whole=True),  # names stay whole
+    Col("parent", field("parent"), wide=True),
+    Col("tenant", field("tenant", "(shared)")),
+    Col("state", field("state")),
+    Col("GPUs used/quota", lambda q: f"{q['used']['gpus']:g}/{_gpus(q['guaranteed'])}"),
+    Col("borrowed", lambda q: f"{q['borrowed']['gpus']:g}"),
+    Col("borrow max", lambda q: _gpus(q["borrowing_limit"]), wide=True),
+    Col("lend max", lambda q: _gpus(q["lending_limit"]), wide=True),
+    Col("weight", lambda q: f"{q['weight']:g}", wide=True),
+    Col("strategy", field("strategy"), wide=True),
+    Col("pending", field("pending")),
+    Col("admitted", field("admitted")),
+    Col("running", field("running")),
+)
+
+
+def queues(output: OutputOpt = None, url: UrlOpt = None, token: TokenOpt = None) -> None:
+    """Queues with their GPU quota, usage, borrowing and job counts (-o wide: parent,
+    limits, weight)."""
+    with client(url, token) as c:
+        rows = request(c, "GET", "/v1/queues")
+    show(console, rows, QUEUE_COLUMNS, output)
 
 
 def _amount(gpus: float | None, cpu: int | None, memory: int | None) -> dict[str, Any] | None:
@@ -98,8 +109,8 @@ def queue_create(
                         "borrowing_limit": _amount(borrow_gpus, None, None),
                         "lending_limit": _amount(lend_gpus, None, None), "weight": weight,
                         "strategy": "strict" if strict else None})
-    with _client(url, token) as c:
-        _show(_request(c, "POST", "/v1/queues", json=body), "created")
+    with client(url, token) as c:
+        _show(request(c, "POST", "/v1/queues", json=body), "created")
 
 
 @queue_app.command("update")
@@ -109,8 +120,8 @@ def queue_update(
     weight: WeightOpt = None, file: FileOpt = None, url: UrlOpt = None, token: TokenOpt = None,
 ) -> None:
     """Change a queue's quota, limits, weight or parent (admin); other fields stay."""
-    with _client(url, token) as c:
-        current = _request(c, "GET", f"/v1/queues/{name}")
+    with client(url, token) as c:
+        current = request(c, "GET", f"/v1/queues/{name}")
         guaranteed = None
         if any(v is not None for v in (gpus, cpu, memory)):
             guaranteed = {**(current["guaranteed"] or {}), **(_amount(gpus, cpu, memory) or {})}
@@ -120,13 +131,13 @@ def queue_update(
         if not body:
             err.print("[red]nothing to change[/]: pass --gpus, --borrow-gpus, ... or --file")
             raise typer.Exit(2)
-        _show(_request(c, "PATCH", f"/v1/queues/{name}", json=body), "updated")
+        _show(request(c, "PATCH", f"/v1/queues/{name}", json=body), "updated")
 
 
 def _state_command(action: str, help_text: str) -> None:
     def command(name: str, url: UrlOpt = None, token: TokenOpt = None) -> None:
-        with _client(url, token) as c:
-            _show(_request(c, "POST", f"/v1/queues/{name}/{action}"), f"{action} done")
+        with client(url, token) as c:
+            _show(request(c, "POST", f"/v1/queues/{name}/{action}"), f"{action} done")
 
     command.__doc__ = help_text
     queue_app.command(action)(command)

@@ -1,8 +1,6 @@
 """``kairos watch JOB`` (a job's status changes, live, from the gateway's event stream)
 and ``kairos usage`` (GPU-hours per tenant and queue).
 
-Registers on the ``kairos`` app (imported at the bottom of ``kairos/cli.py``).
-
 Exit codes of ``watch``: 0 the job succeeded, 4 it failed, 5 it was cancelled; as for
 every command, 1 the gateway refused the request, 2 no gateway configured, 3 the
 gateway could not be reached (after retries, for a stream that broke).
@@ -19,9 +17,18 @@ from typing import Annotated, Any
 import httpx
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from kairos.cli import TokenOpt, UrlOpt, _client, _fail, _request, app, console, err
+from kairos.cli_common import (
+    TokenOpt,
+    UrlOpt,
+    client,
+    console,
+    err,
+    fail,
+    request,
+)
+from kairos.cli_output import Col, OutputOpt, field, printed_as_data, table
+from shared.durations import parse_duration
 
 EXIT = {"succeeded": 0, "failed": 4, "cancelled": 5}
 RETRIES = 5  # consecutive broken connections before giving up
@@ -55,7 +62,6 @@ def _show(e: dict[str, Any], tasks: bool) -> None:
     console.print(f"{when}  {what:<14} {state:<10} {escape(d['reason'])}{extra}")
 
 
-@app.command()
 def watch(
     job_id: str,
     tasks: Annotated[bool, typer.Option("--tasks/--no-tasks",
@@ -65,7 +71,7 @@ def watch(
     """Follow a job live until it ends; exit 0 if it succeeded (4 failed, 5 cancelled)."""
     last: str | None = None
     broken = 0
-    with _client(url, token) as c:
+    with client(url, token) as c:
         while True:
             headers = {"Accept": "text/event-stream"}
             if last:
@@ -75,7 +81,7 @@ def watch(
                               timeout=httpx.Timeout(30, read=90)) as r:
                     if r.status_code >= 400:
                         r.read()
-                        _fail(r)
+                        fail(r)
                     broken = 0
                     for e in sse_events(r.iter_lines()):
                         if e.get("event") == "end":
@@ -99,8 +105,6 @@ def watch(
 
 def _when(value: str | None, option: str) -> str | None:
     """An ISO time, or a duration back from now (7d, 12h)."""
-    from services.admission.tokens import parse_duration
-
     if value is None:
         return None
     try:
@@ -115,25 +119,32 @@ def _when(value: str | None, option: str) -> str | None:
         raise typer.Exit(2) from exc
 
 
-@app.command()
+USAGE_COLUMNS = (
+    Col("tenant", field("tenant")),
+    Col("queue", field("queue")),
+    Col("GPU-hours", lambda q: f"{q['gpu_hours']:.2f}"),
+    Col("of which shared", lambda q: f"{q['shared_gpu_hours']:.2f}"),
+    Col("runs", field("runs")),
+)
+
+
 def usage(
     from_: Annotated[str | None, typer.Option(
         "--from", help="ISO time or a duration back from now (7d); default: a day ago")] = None,
     to: Annotated[str | None, typer.Option(help="ISO time or a duration ago; default: now")
                   ] = None,
     tenant: Annotated[str | None, typer.Option(help="only this tenant (admin)")] = None,
-    url: UrlOpt = None, token: TokenOpt = None,
+    output: OutputOpt = None, url: UrlOpt = None, token: TokenOpt = None,
 ) -> None:
     """GPU-hours used per tenant and queue (like sreport); GPU shares count their fraction."""
     params = {k: v for k, v in (("from", _when(from_, "--from")), ("to", _when(to, "--to")),
                                 ("tenant", tenant)) if v}
-    with _client(url, token) as c:
-        report = _request(c, "GET", "/v1/usage", params=params)
-    t = Table("tenant", "queue", "GPU-hours", "of which shared", "runs",
+    with client(url, token) as c:
+        report = request(c, "GET", "/v1/usage", params=params)
+    if printed_as_data(report, output):  # the whole report, totals included
+        return
+    rows = [q | {"tenant": ten["tenant"]} for ten in report["tenants"] for q in ten["queues"]]
+    t = table(rows, USAGE_COLUMNS,
               title=f"usage {report['from'][:16]} .. {report['to'][:16]} (UTC)")
-    for ten in report["tenants"]:
-        for q in ten["queues"]:
-            t.add_row(ten["tenant"], q["queue"], f"{q['gpu_hours']:.2f}",
-                      f"{q['shared_gpu_hours']:.2f}", str(q["runs"]))
     t.add_row("[bold]all[/]", "", f"[bold]{report['gpu_hours']:.2f}[/]", "", "")
     console.print(t)

@@ -25,9 +25,13 @@ How a service uses it::
     plan.pending        # {job_id: PendingReason} for every pending job not bound
     plan.reservations   # EASY backfill reservations (for status / metrics)
 
-Queueing calls ``sched.order(snapshot)`` for its order and ``sched.admit(snapshot)``
-for quota decisions (``AdmissionResult``); ``QuotaBook`` is the quota model itself.
-``first_fit`` remains as the plain baseline.
+Queueing calls ``sched.order(snapshot)`` for its order; ``QuotaBook`` is the quota
+model itself. ``first_fit`` remains as the plain baseline.
+
+Inside: ``Scheduler`` opens each cycle through its ``SnapshotCache`` (what a caller may
+reuse between snapshots is documented there), orders the pending jobs, and runs the
+config's actions (scheduling.actions: allocate, preempt, backfill, grow) over a
+``Session``; policies are plugins (scheduling.framework, scheduling.plugins).
 """
 
 from scheduling.config import ConfigError, PluginSpec, PreemptionSettings, SchedulerConfig
@@ -57,12 +61,11 @@ from scheduling.model import (
     TaskShape,
 )
 from scheduling.quota import Admission, QuotaBook, dominant_share
-from scheduling.scheduler import AdmissionResult, Scheduler
+from scheduling.scheduler import Scheduler
 
 __all__ = [
     "REGISTRY",
     "Admission",
-    "AdmissionResult",
     "AffinityRule",
     "Allocation",
     "Bind",

@@ -1,6 +1,8 @@
-"""The scheduler's validated policy config: which plugins, in which order, with what.
+"""The scheduler's validated policy config: which plugins, in which order, with what,
+and from that the cycle's actions.
 
-Loaded from a dict or YAML; every error is reported with its field path
+``plugins`` lists the policy plugins and, with them, the entries that switch an action
+of the cycle on (``backfill``, ``elastic``) with its settings. Loaded from a dict or YAML; every error is reported with its field path
 (``plugins.2.args.aging_per_hour: ...``), all of them at once (Kueue's validation).
 """
 
@@ -35,6 +37,32 @@ class PreemptionSettings(BaseModel):
     enabled: bool = True
     max_preemptors_per_cycle: int = Field(8, ge=0, description="blocked jobs that may preempt")
     candidate_nodes: int = Field(8, ge=1, description="nodes examined per replica for victims")
+
+
+class BackfillArgs(BaseModel):
+    """Settings of the backfill action (the ``backfill`` entry of ``plugins``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    depth: int = Field(1, ge=1, description="blocked jobs that get a reservation (1 = EASY)")
+    default_runtime_s: float | None = Field(
+        None, gt=0, description="assumed runtime of jobs without an estimate; None: they never end"
+    )
+    interval_s: float = Field(0.0, ge=0, description="a job's reservation is kept this long before it "
+                              "is searched again (Slurm's bf_interval), while the job waits and its "
+                              "start is ahead; 0: searched every cycle")
+
+
+class ElasticArgs(BaseModel):
+    """Settings of elastic resizing (the ``elastic`` entry of ``plugins``): the grow
+    action, and whether preemption may shrink elastic jobs first."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    grow: bool = True
+    shrink: bool = True
+
+
+# ``plugins`` entries that switch on an action of the cycle rather than add a plugin
+ACTION_ARGS: dict[str, type[BaseModel]] = {"backfill": BackfillArgs, "elastic": ElasticArgs}
 
 
 def _spec(name: str, weight: float = 1.0, **args: Any) -> PluginSpec:
@@ -135,9 +163,35 @@ class SchedulerConfig(BaseModel):
         _ensure_registered()
         out = []
         for spec in self.plugins:
+            if spec.name in ACTION_ARGS:
+                continue
             cls = REGISTRY[spec.name]
             out.append(cls(cls.Args.model_validate(spec.args), spec.weight))
         return out
+
+
+    def actions(self) -> tuple[str, ...]:
+        """The cycle's actions, in order (Volcano's ``actions:`` list): ``allocate``;
+        ``preempt`` while preemption is enabled; ``backfill`` when listed; ``grow`` when
+        ``elastic`` is listed with ``grow``."""
+        elastic = self.elastic_args()
+        return ("allocate", *(("preempt",) if self.preemption.enabled else ()),
+                *(("backfill",) if self.backfill_args() is not None else ()),
+                *(("grow",) if elastic is not None and elastic.grow else ()))
+
+    def backfill_args(self) -> BackfillArgs | None:
+        """The backfill action's settings; None: no backfill."""
+        args = self._action_args("backfill")
+        return args if isinstance(args, BackfillArgs) else None
+
+    def elastic_args(self) -> ElasticArgs | None:
+        """Elastic resizing's settings; None: elastic jobs neither grow nor shrink."""
+        args = self._action_args("elastic")
+        return args if isinstance(args, ElasticArgs) else None
+
+    def _action_args(self, name: str) -> BaseModel | None:
+        spec = next((p for p in self.plugins if p.name == name), None)
+        return None if spec is None else ACTION_ARGS[name].model_validate(spec.args)
 
 
 def _path(loc: tuple[int | str, ...]) -> str:
@@ -156,8 +210,8 @@ def _check_plugins(plugins: list[Any] | tuple[Any, ...]) -> list[tuple[str, str]
         if not isinstance(p, dict) or not isinstance(p.get("name"), str):
             continue  # already reported by the model validation
         name = p["name"]
-        if name not in REGISTRY:
-            near = difflib.get_close_matches(name, list(REGISTRY), n=1)
+        if name not in REGISTRY and name not in ACTION_ARGS:
+            near = difflib.get_close_matches(name, [*REGISTRY, *ACTION_ARGS], n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
             errors.append((f"plugins.{i}.name", f"unknown plugin {name!r}{hint}"))
             continue
@@ -165,7 +219,8 @@ def _check_plugins(plugins: list[Any] | tuple[Any, ...]) -> list[tuple[str, str]
             errors.append((f"plugins.{i}.name", f"plugin {name!r} is enabled twice"))
         seen.add(name)
         try:
-            REGISTRY[name].Args.model_validate(p.get("args") or {})
+            args = REGISTRY[name].Args if name in REGISTRY else ACTION_ARGS[name]
+            args.model_validate(p.get("args") or {})
         except ValidationError as e:
             errors += [(f"plugins.{i}.args." + _path(err["loc"]), err["msg"]) for err in e.errors()]
     return errors

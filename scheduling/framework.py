@@ -5,6 +5,9 @@ the scheduler collects, once, the plugins that override each hook and calls them
 the configured order. Hooks take the cycle and return plain values or numpy arrays
 over the nodes (``cand`` holds node indices), so a plugin never walks nodes in Python.
 
+- ``open``: start of a cycle (publish the plugin's per-cycle state, below)
+- ``static_priority`` / ``task_order``: a job's priority before aging, the order its
+  tasks are placed in (the first plugin that answers decides; asked once per job object)
 - ``order_keys``: sort keys over the pending jobs (ascending: earlier first)
 - ``admit``: a quota / fairness gate before placement (a ``PendingReason`` refuses)
 - ``node_mask``: a static predicate per task (selectors, taints, GPU models)
@@ -13,18 +16,36 @@ over the nodes (``cand`` holds node indices), so a plugin never walks nodes in P
   over ``cycle.running``; ``cycle.runs()`` has their figures as arrays)
 - ``pick``: which GPUs of the chosen node (FGD picks the GPU for shares)
 - ``min_members``: how many replicas must start together (gang)
+
+Per-plugin state. ``Cycle`` holds only what every plugin shares: the snapshot, the
+time, the node table and free capacity, the running and pending jobs' figures, usage
+and capacity. What one plugin decides for a cycle is an object of the plugin's own
+type, kept on the cycle by type: the plugin publishes it (``cycle.put(obj)``, or
+``cycle.setdefault(Kind)``, which makes ``Kind()`` on first use) and readers ask for it
+by type (``cycle.get(Kind)``: None where no configured plugin published one). The types
+others read are the contracts below, each written by the plugins named:
+
+- ``PlacementHints``: how the placer picks GPUs and fences gangs (binpack, topology,
+  gpumodel, loadaware)
+- ``JobPriorities``: the pending jobs' aged priority, who starved, the starvation
+  bound (priority; read by the allocate action, fairshare, srpt)
+- ``scheduling.quota.QuotaBook``: quota usage, kept up to date as jobs are placed
+  (fairshare, drf; read by the session and the grow action)
+
+A plugin's private per-cycle memos use the same API with a type of its own module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar, cast
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from scheduling.arrays import BoolArray, FloatArray, IntArray
 from scheduling.model import (
     GpuUse,
     JobRequest,
@@ -35,10 +56,11 @@ from scheduling.model import (
     Snapshot,
     TaskRequest,
 )
-from scheduling.quota import QuotaBook
-from scheduling.state import BoolArray, ClusterState, FloatArray, IntArray, NodeTable
+from scheduling.node_table import NodeTable
+from scheduling.state import ClusterState
 
 _TENANT = attrgetter("run.job.tenant")
+S = TypeVar("S")
 
 
 class NoArgs(BaseModel):
@@ -128,8 +150,30 @@ class RunTable:
         self.waited = np.maximum(0.0, self.start - c[11] - ran)
 
 
+@dataclass(slots=True)
+class PlacementHints:
+    """How the placer picks GPUs on a node and fences gangs, as the plugins set it in
+    ``open`` (the defaults: no such plugin configured)."""
+
+    spread: bool = False  # binpack's spread strategy: shares go on the freest GPU
+    gang_racks: bool = False  # topology: a gang also on the fewest racks that hold it on the fewest nodes
+    enforce_models: bool = False  # gpumodel: GPU picks keep to the job's GPU models
+    gpu_penalty: FloatArray | None = None  # loadaware: per GPU (node, column), from telemetry
+
+
+@dataclass(slots=True)
+class JobPriorities:
+    """The priority plugin's verdict on the pending jobs, one entry per column of
+    ``cycle.cols`` (published by its ``order_keys``)."""
+
+    priority: FloatArray  # combined priority, aging included
+    starved: BoolArray  # waited past the starvation bound
+    starvation_bound_s: float  # this cycle's bound (stretched under overload)
+
+
 class Cycle:
-    """One scheduling cycle: snapshot, arrays, and state shared by the plugins."""
+    """One scheduling cycle: snapshot, arrays, and the state every plugin shares; each
+    plugin's own state is kept by type (``put`` / ``get`` / ``setdefault``)."""
 
     def __init__(self, snapshot: Snapshot, table: NodeTable, state: ClusterState, seed: int) -> None:
         self.snapshot = snapshot
@@ -145,23 +189,26 @@ class Cycle:
         self.run_cols: FloatArray = np.zeros((RUN_FIELDS, 0))  # the running jobs' RunTable numbers
         self.usage: dict[str, Resources] = {}  # per tenant, running + placed this cycle
         self.capacity = Resources()
-        self.priority_of: Callable[[JobRequest], float] = lambda j: float(j.priority)
-        self.extra: dict[str, Any] = {}  # per-plugin scratch for the cycle
-        # set by plugins in open():
-        self.role_rank: dict[str, int] = {}  # intra-job task order (priority plugin)
-        self.starvation_bound_s: float | None = None
-        self.spread = False
-        self.gang_racks = False  # a gang also on the fewest racks that hold it on the fewest nodes (topology)
-        self.enforce_models = False
-        self.gpu_penalty: FloatArray | None = None  # per GPU, from telemetry
-        self.quota_book: QuotaBook | None = None
         self._runs: RunTable | None = None
         # the pending jobs' numbers, one column per job in the order of the JobInfo list
         # (rows: scheduling.jobcols), and what ordering found
         self.cols: FloatArray = np.zeros((10, 0))
         self.order: IntArray = np.zeros(0, dtype=np.int64)  # JobInfo positions, in order
-        self.job_priority: FloatArray | None = None  # combined priority (priority plugin)
-        self.job_starved: BoolArray | None = None  # waited past the starvation bound
+        self._states: dict[type[Any], Any] = {}  # the plugins' own state, by type
+
+    def put(self, state: S) -> S:
+        """Publish a plugin's state for this cycle under its type (replacing any)."""
+        self._states[type(state)] = state
+        return state
+
+    def get(self, kind: type[S]) -> S | None:
+        """The state of that type published this cycle; None: none was."""
+        return cast("S | None", self._states.get(kind))
+
+    def setdefault(self, kind: type[S]) -> S:
+        """The state of that type, made with ``kind()`` and published on first use."""
+        found = self._states.get(kind)
+        return cast(S, found) if found is not None else self.put(kind())
 
     def runs(self) -> RunTable:
         if self._runs is None:
@@ -188,7 +235,15 @@ class Plugin:
         self.weight = weight
 
     def open(self, cycle: Cycle) -> None:
-        """Called once per cycle before anything else."""
+        """Called once per cycle, once the running jobs are read, before ordering."""
+
+    def static_priority(self, job: JobRequest) -> float | None:
+        """The job's priority before aging; None: the job's own ``priority``."""
+        return None
+
+    def task_order(self, job: JobRequest) -> tuple[TaskRequest, ...] | None:
+        """The job's tasks in the order they are placed; None: as the job lists them."""
+        return None
 
     def order_keys(self, cycle: Cycle, jobs: Sequence[JobInfo]) -> list[FloatArray]:
         return []

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from scheduling.arrays import BoolArray, IntArray
 from scheduling.model import TaskRequest
-from scheduling.state import BoolArray, ClusterState, IntArray
+from scheduling.state import ClusterState
 
 _MANY = 1 << 30  # "unbounded" replicas of a resource the task does not ask for
 

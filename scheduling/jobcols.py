@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from scheduling.state import FloatArray, IntArray
+from scheduling.arrays import FloatArray, IntArray
 
 SUBMIT, STATIC, GPUS, SHAPE, PSHAPE, ESTIMATE, ATTAINED, CPU, MEM, TENANT = range(10)
 FIELDS = 10

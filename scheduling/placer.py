@@ -1,4 +1,5 @@
-"""Placing replicas: feasibility as numpy masks, plugin scores, and the GPU pick.
+"""Placing replicas: feasibility as numpy masks, plugin scores (memoised by node
+state), and the GPU pick (plugins', else ``scheduling.gpu_pick``).
 
 One path for every caller (allocation, preemption trials, backfill reservations,
 elastic growth, the simulator): ``place_job`` on a ``ClusterState``.
@@ -11,23 +12,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from scheduling.framework import Cycle, JobInfo, Placing, Plugin
+from scheduling.arrays import BoolArray, FloatArray, IntArray
+from scheduling.framework import Cycle, JobInfo, PlacementHints, Placing, Plugin
 from scheduling.gangfit import GangFence
+from scheduling.gpu_pick import default_pick
 from scheduling.model import Bind, GpuUse, TaskRequest
 from scheduling.stash import swap
-from scheduling.state import BoolArray, ClusterState, FloatArray, IntArray
+from scheduling.state import ClusterState
 
 _NEG = -np.inf
-_WHOLE: dict[int, GpuUse] = {}
 EPOCHS_KEPT = 16  # score epochs whose arrays are kept besides the current one
-
-
-def _whole(index: int) -> GpuUse:
-    """The (immutable, so shared) use of a whole GPU."""
-    u = _WHOLE.get(index)
-    if u is None:
-        u = _WHOLE[index] = GpuUse(index)
-    return u
 
 
 @dataclass(slots=True)
@@ -69,6 +63,7 @@ class Placer:
         self.task_masks = hooks["task_mask"]
         self.scorers = [p for p in hooks["score"] if p.weight > 0]
         self.pickers = hooks["pick"]
+        self.hints = cycle.setdefault(PlacementHints)  # as the plugins set it in ``open``
         self._static: dict[tuple[object, ...], BoolArray] = {}
         self._memo = memo if memo is not None else ScoreMemo()
         self._memo.check(self.table.states,
@@ -269,68 +264,7 @@ class Placer:
             uses = pk.pick(self.cycle, p, i)
             if uses is not None:
                 return uses
-        return self.default_pick(p, i)
-
-    def _allowed(self, p: Placing, i: int) -> list[bool]:
-        ok: list[bool] = self.table.share_ok[i].tolist()
-        if self.cycle.enforce_models and p.info.job.gpu_models:
-            allowed = self.table.models_mask(p.info.job.gpu_models)[i].tolist()
-            ok = [a and b for a, b in zip(ok, allowed, strict=True)]
-        return ok
-
-    def default_pick(self, p: Placing, i: int) -> tuple[GpuUse, ...] | None:
-        """GPUs on node ``i``: whole ones inside one NVLink domain if possible (the
-        tightest that holds them; for a gang, the one that holds most of its replicas
-        still to come, then one it already uses), shares best-fit (spread: most free),
-        MIG best-fit."""
-        t, st, tbl = p.task, p.state, self.table
-        if not (t.gpu or t.shared or t.mig):
-            return ()
-        pen = self.cycle.gpu_penalty
-        prow: list[float] = pen[i].tolist() if pen is not None else [0.0] * tbl.g
-        idx = tbl.gpu_index[i]
-        if t.mig:
-            mf = st.mig_free[i].tolist()
-            okm = tbl.mig_ok[i].tolist()
-            cols = [j for j in range(len(idx)) if okm[j] and mf[j] >= t.mig_slices]
-            if not cols:
-                return None
-            j = min(cols, key=lambda c: (mf[c], prow[c], c))
-            return (GpuUse(idx[j], 0, 0, t.mig_slices),)
-        gm, gc, tot = st.gpu_rows(i)
-        ok = self._allowed(p, i)
-        if t.gpu:
-            idle = [j for j in range(len(idx)) if ok[j] and gc[j] >= 100 and gm[j] >= tot[j]]
-            if len(idle) < t.gpu:
-                return None
-            if not tbl.multi_domain:  # one NVLink domain per node: the coolest idle GPUs
-                chosen = sorted(idle, key=lambda c: (prow[c], c))[: t.gpu]
-                return tuple(_whole(idx[j]) for j in sorted(chosen))
-            dom = tbl.nvlink[i].tolist()
-            groups: dict[int, list[int]] = {}
-            for j in idle:
-                groups.setdefault(dom[j], []).append(j)
-            fitting = [d for d, cs in groups.items() if len(cs) >= t.gpu]
-            if fitting:
-                # the domain that holds the most of the gang's replicas still to come
-                # (a single replica: any), then the tightest
-                left, mine = p.remaining, p.domains.get(i, ())
-                d = min(fitting, key=lambda d: (-min(len(groups[d]) // t.gpu, left), d not in mine,
-                                                len(groups[d]), d))
-                chosen = sorted(groups[d], key=lambda c: (prow[c], c))[: t.gpu]
-            else:  # span the fewest domains: the fullest first
-                chosen = []
-                for d in sorted(groups, key=lambda d: (-len(groups[d]), d)):
-                    chosen += sorted(groups[d], key=lambda c: (prow[c], c))
-                chosen = chosen[: t.gpu]
-            return tuple(_whole(idx[j]) for j in sorted(chosen))
-        cols = [j for j in range(len(idx))
-                if ok[j] and gm[j] >= t.gpu_memory_mib and gc[j] >= t.gpu_compute_pct]
-        if not cols:
-            return None
-        sign = -1 if self.cycle.spread else 1
-        j = min(cols, key=lambda c: (sign * gc[c], sign * gm[c], prow[c], c))
-        return (GpuUse(idx[j], t.gpu_memory_mib, t.gpu_compute_pct),)
+        return default_pick(self.table, self.hints, p, i)
 
     # --- a whole job -----------------------------------------------------------------
     def place_job(self, st: ClusterState, info: JobInfo, block: BoolArray | None,
@@ -369,7 +303,7 @@ class Placer:
             if block is not None:
                 base = base & ~block
             p = Placing(info, task, st, remaining, nodes, roles, domains)
-            gf = GangFence.open(st, task, base, nodes, task.replicas, self.cycle.gang_racks) if gang else None
+            gf = GangFence.open(st, task, base, nodes, task.replicas, self.hints.gang_racks) if gang else None
             for r in range(task.replicas):
                 p.remaining = remaining
                 res = self.choose(p, base if gf is None else base & gf.allowed())

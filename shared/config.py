@@ -21,7 +21,7 @@ class CommonSettings(BaseSettings):
     # while 5 ms makes every idle consumer (and the broker) spin. Measured on Tansu:
     # 20 ms gives p99 ~13 ms a hop at ~4% of a core per idle consumer.
     fetch_max_wait_ms: int = 20
-    # ... and an idle consumer stretches it up to this (shared.bus.Consumer._pace_fetches):
+    # ... and an idle consumer stretches it up to this (shared.bus.fetch_pacing.FetchPacer):
     # on the embedded broker a consumer polls with a short wait, so an idle one costs it
     # CPU per fetch. A broker that long-polls (Apache Kafka) can take 500 for both.
     fetch_idle_max_wait_ms: int = 100

@@ -8,7 +8,7 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -17,6 +17,9 @@ from sim.metrics import series, summarize
 from sim.policies import ALIASES, POLICIES, policy_config, policy_settings
 from sim.progress import progress
 from sim.traces import TraceJob, uniform_cluster
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TABLE_KEYS = ("avg_jct_s", "p99_jct_s", "p99_queue_s", "makespan_s")
 
@@ -83,14 +86,15 @@ def run(name: str, jobs: Sequence[TraceJob], clusters: Sequence[tuple[int, int]]
     out.write_text(json.dumps(doc, indent=2) + "\n")
     out.with_name(out.stem + "_runs.json").write_text(json.dumps(detail) + "\n")
     try:
-        plot(runs, out.parent / "plots", out.stem)
+        plot(runs, out.parent / "plots", out.stem, name)
     except ImportError:
         pass
     print_table(doc, name)
     return doc
 
 
-def plot(runs: dict[str, dict[str, SimResult]], folder: Path, stem: str) -> None:
+def plot(runs: dict[str, dict[str, SimResult]], folder: Path, stem: str, trace: str) -> None:
+    """One PNG per cluster, ``<stem>_<cluster>.png``, titled by the trace and cluster."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -98,26 +102,62 @@ def plot(runs: dict[str, dict[str, SimResult]], folder: Path, stem: str) -> None
 
     folder.mkdir(parents=True, exist_ok=True)
     for key, by_policy in runs.items():
-        fig, ax = plt.subplots(1, 3, figsize=(16, 4))
-        for policy, res in by_policy.items():
-            jct = np.sort([j.finish - j.trace.submit_s for j in res.jobs if j.finish is not None])
-            if jct.size:
-                ax[0].plot(jct / 3600, np.arange(1, jct.size + 1) / jct.size, label=policy)
-            s = np.asarray(res.samples)
-            if len(s):
-                ax[1].plot(s[:, 0] / 86400, s[:, 2], label=policy, lw=0.8)
-                ax[2].plot(s[:, 0] / 86400, s[:, 1] / max(res.capacity_gpus, 1), label=policy, lw=0.8)
-        ax[0].set(xscale="log", xlabel="JCT (h)", ylabel="CDF", title=f"{stem} {key}: JCT CDF")
-        ax[1].set(xlabel="time (days)", ylabel="jobs queued", title="queue length")
-        ax[2].set(xlabel="time (days)", ylabel="GPUs allocated / capacity", title="GPU allocation", ylim=(0, 1.05))
-        for a in ax:
-            a.legend(fontsize=8)
-        fig.tight_layout()
+        fig = figure(by_policy, trace, key)
         fig.savefig(folder / f"{stem}_{key}.png", dpi=100)
         plt.close(fig)
 
 
+def plot_title(trace: str, cluster: str) -> str:
+    """'muri-trace1 on 64\N{MULTIPLICATION SIGN}8 GPUs' for cluster '64x8' (a CSV path is
+    named by its file)."""
+    nodes, _, gpus = cluster.partition("x")
+    return f"{Path(trace).name} on {nodes}\N{MULTIPLICATION SIGN}{gpus} GPUs"
+
+
+def figure(by_policy: dict[str, SimResult], trace: str, cluster: str) -> Figure:
+    """JCT CDF, queue length and GPU allocation over time, one curve per policy, under
+    one legend below the panels that names every curve (none is hidden behind it)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 3, figsize=(16, 4.6))
+    for policy, res in by_policy.items():
+        jct = np.sort([j.finish - j.trace.submit_s for j in res.jobs if j.finish is not None])
+        if jct.size:
+            ax[0].plot(jct / 3600, np.arange(1, jct.size + 1) / jct.size, label=policy)
+        s = np.asarray(res.samples)
+        if len(s):
+            ax[1].plot(s[:, 0] / 86400, s[:, 2], label=policy, lw=0.8)
+            ax[2].plot(s[:, 0] / 86400, s[:, 1] / max(res.capacity_gpus, 1), label=policy, lw=0.8)
+    ax[2].axhline(1.0, color="k", ls=":", lw=0.8, label="capacity")
+    ax[0].set(xscale="log", xlabel="JCT (h)", ylabel="CDF", title="JCT CDF")
+    ax[1].set(xlabel="time (days)", ylabel="jobs queued", title="queue length")
+    ax[2].set(xlabel="time (days)", ylabel="GPUs allocated / capacity", title="GPU allocation", ylim=(0, 1.05))
+    fig.suptitle(plot_title(trace, cluster))
+    shared_legend(fig)
+    return fig
+
+
+def shared_legend(fig: Figure) -> None:
+    """One legend under the panels with each label of every panel once: it covers no
+    curve, and a curve drawn in one panel only is still named."""
+    handles: dict[str, Any] = {}
+    for a in fig.axes:
+        for h, label in zip(*a.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, h)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=max(len(handles), 1),
+               frameon=False, fontsize=8)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+
+
+def terminal_width() -> int:
+    """$COLUMNS, else the terminal's width, else 80 (output to a pipe or a file)."""
+    import shutil
+
+    return shutil.get_terminal_size((80, 24)).columns
+
+
 def print_table(doc: dict[str, Any], name: str) -> None:
+    """The policies side by side per cluster; cells wrap (never end in '…') to fit."""
     from rich.console import Console
     from rich.table import Table
 
@@ -125,10 +165,11 @@ def print_table(doc: dict[str, Any], name: str) -> None:
         if key == "protocol":
             continue
         t = Table(title=f"{name} on {key}")
-        for c in ("policy", "avg JCT (h)", "p99 JCT (h)", "p99 queue (h)", "makespan (d)", "JCT/dur", "preempt", "wall s"):
-            t.add_column(c, justify="right")
+        t.add_column("policy", justify="right", no_wrap=True)  # names stay whole
+        for c in ("avg JCT (h)", "p99 JCT (h)", "p99 queue (h)", "makespan (d)", "JCT/dur", "preempt", "wall s"):
+            t.add_column(c, justify="right", overflow="fold")
         for policy, m in rows.items():
             t.add_row(policy, f"{m['avg_jct_s'] / 3600:.2f}", f"{m['p99_jct_s'] / 3600:.1f}",
                       f"{m['p99_queue_s'] / 3600:.1f}", f"{m['makespan_s'] / 86400:.2f}",
                       f"{m['avg_jct_over_duration']:.2f}", str(m["preemptions"]), str(m["wall_s"]))
-        Console().print(t)
+        Console(width=terminal_width()).print(t)

@@ -7,12 +7,16 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sim.fill import POLICIES, TARGET, FillResult, run_fill, workload_mix
 from sim.progress import progress
 from sim.traces import OPENB, load_openb_nodes, load_openb_pods
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PUBLISHED = {  # FGD paper artifact, analysis_allo_discrete.csv, mean at 130% arrived
     "openb_pod_list_default": {"Random": 87.47, "BestFit": 93.08, "FGD": 95.39},
@@ -46,26 +50,43 @@ def table(results: dict[str, dict[str, list[FillResult]]]) -> dict[str, dict[str
             for k, v in results.items()}
 
 
-def plot(results: dict[str, dict[str, list[FillResult]]], path: Path) -> None:
+def plot(results: dict[str, dict[str, list[FillResult]]], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
+    fig = figure(results, title)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def cluster_title(node_file: Path = OPENB / "openb_node_list_gpu_node.csv") -> str:
+    """'Alibaba openb on 1,213 nodes (6,212 GPUs)': the cluster every pod list filled."""
+    nodes = load_openb_nodes(node_file)
+    return f"Alibaba openb on {len(nodes):,} nodes ({sum(len(n.gpus) for n in nodes):,} GPUs)"
+
+
+def figure(results: dict[str, dict[str, list[FillResult]]], title: str) -> Figure:
+    """Allocation against arrived demand, a panel per pod list, one curve per policy (the
+    mean over seeds) and the 100% limit, under one legend below that names them all."""
+    import matplotlib.pyplot as plt
+
+    from sim.jct_experiment import shared_legend
+
+    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4.6), squeeze=False)
     grid = np.arange(0, 131)
     for ax, (name, by_policy) in zip(axes[0], results.items(), strict=True):
         for policy, rs in by_policy.items():
             ys = np.mean([np.interp(grid, r.arrived_pct, r.allocated_pct) for r in rs], axis=0)
             ax.plot(grid, ys, label=policy)
         ax.plot(grid, np.minimum(grid, 100), "k:", lw=0.8, label="limit")
-        ax.set(title=name[15:], xlabel="arrived GPU request (% of capacity)", ylabel="GPU allocation (%)",
-               xlim=(80, 130), ylim=(75, 100))
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        ax.set(title=name.removeprefix("openb_pod_list_"), xlabel="arrived GPU request (% of capacity)",
+               ylabel="GPU allocation (%)", xlim=(80, 130), ylim=(75, 100))
+    fig.suptitle(title)
+    shared_legend(fig)
+    return fig
 
 
 def _kairos_args() -> str:
@@ -94,18 +115,20 @@ def main(lists: Sequence[str], seeds: Sequence[int], out: Path) -> dict[str, obj
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
     try:
-        plot(results, out.parent / "plots" / "sim_openb_allocation.png")
+        plot(results, out.parent / "plots" / "sim_openb_allocation.png", cluster_title())
     except ImportError:
         pass
     from rich.console import Console
     from rich.table import Table
 
+    from sim.jct_experiment import terminal_width
+
     t = Table(title=f"openb fill: mean GPU allocation % at 130% arrived (seeds {seeds[0]}-{seeds[-1]})")
-    t.add_column("pod list")
+    t.add_column("pod list", no_wrap=True)
     for p in POLICIES:
-        t.add_column(p, justify="right")
+        t.add_column(p, justify="right", overflow="fold")  # wraps to fit, never cut
     for k, row in tab.items():
         pub = PUBLISHED.get(k, {})
         t.add_row(k[15:], *[f"{row[p]:.2f}" + (f" ({pub[p]:.2f})" if p in pub else "") for p in POLICIES])
-    Console().print(t)
+    Console(width=terminal_width()).print(t)
     return doc

@@ -1,5 +1,5 @@
 """Every policy plugin; importing this package registers them by name."""
 
-from scheduling.plugins import fairshare, fgd, kairos_pack, ordering, placement, predicates, special
+from scheduling.plugins import fairshare, fgd, gang, kairos_pack, ordering, placement, predicates
 
-__all__ = ["fairshare", "fgd", "kairos_pack", "ordering", "placement", "predicates", "special"]
+__all__ = ["fairshare", "fgd", "gang", "kairos_pack", "ordering", "placement", "predicates"]

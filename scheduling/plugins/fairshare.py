@@ -13,10 +13,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from scheduling import jobcols as jc
-from scheduling.framework import Cycle, JobInfo, Plugin, register
+from scheduling.arrays import BoolArray, FloatArray
+from scheduling.framework import Cycle, JobInfo, JobPriorities, Plugin, register
 from scheduling.model import PendingReason, PreemptReason, Resources
 from scheduling.quota import QuotaBook, dominant_share
-from scheduling.state import BoolArray, FloatArray
 
 
 class FairShareArgs(BaseModel):
@@ -35,7 +35,7 @@ class FairShare(Plugin):
 
     def open(self, cycle: Cycle) -> None:
         quotas = cycle.snapshot.quotas if self.args.quota else ()
-        cycle.quota_book = QuotaBook(quotas, cycle.usage)
+        cycle.put(QuotaBook(quotas, cycle.usage))
         self.weight_of = {q.tenant: q.weight for q in cycle.snapshot.quotas}
         self.weight_of.update(self.args.weights)
 
@@ -47,7 +47,8 @@ class FairShare(Plugin):
         c = cycle.cols
         _, first, tenant = jc.groups(c[jc.TENANT].astype(np.int64))
         names = [jobs[k].job.tenant for k in first.tolist()]  # each tenant's name, from its first job
-        prio = cycle.job_priority if cycle.job_priority is not None else c[jc.STATIC]
+        prios = cycle.get(JobPriorities)
+        prio = prios.priority if prios is not None else c[jc.STATIC]
         submit = c[jc.SUBMIT]
         demand = c[[jc.GPUS, jc.CPU, jc.MEM]].T
         # within a tenant: by priority, then FIFO; cumulative demand, reset per tenant
@@ -67,7 +68,7 @@ class FairShare(Plugin):
         return [out]
 
     def admit(self, cycle: Cycle, info: JobInfo) -> PendingReason | None:
-        book = cycle.quota_book
+        book = cycle.get(QuotaBook)
         if book is None or not book.quotas:
             return None
         return book.check(info.job.tenant, info.demand).reason
@@ -77,7 +78,7 @@ class FairShare(Plugin):
         if not cycle.running:
             return out
         rt = cycle.runs()
-        book = cycle.quota_book
+        book = cycle.get(QuotaBook)
         me = info.job.tenant
         if self.args.reclaim and book is not None and me in book.quotas and book.within_nominal(me, info.demand):
             cohort = book.quotas[me].cohort

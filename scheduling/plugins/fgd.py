@@ -26,10 +26,12 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from scheduling.framework import Cycle, Placing, Plugin, register
+from scheduling.arrays import FloatArray, IntArray
+from scheduling.framework import Cycle, PlacementHints, Placing, Plugin, register
 from scheduling.model import GpuUse, JobRequest, TaskRequest, TaskShape
+from scheduling.node_table import NodeTable
 from scheduling.stash import swap
-from scheduling.state import ClusterState, FloatArray, IntArray, NodeTable
+from scheduling.state import ClusterState
 
 # (p, whole GPUs, per-GPU memory, per-GPU compute %, cpu, memory, allowed model codes or None)
 _Type = tuple[float, int, int, int, int, int, frozenset[int] | None]
@@ -307,7 +309,7 @@ class Fgd(Plugin):
     # --- hooks ---------------------------------------------------------------------------
     def _task_key(self, cycle: Cycle, p: Placing) -> tuple[tuple[object, ...], frozenset[int] | None]:
         t = p.task
-        models = p.info.job.gpu_models if cycle.enforce_models else ()
+        models = p.info.job.gpu_models if cycle.setdefault(PlacementHints).enforce_models else ()
         allowed = (frozenset(cycle.table.models.index(m) for m in models if m in cycle.table.models)
                    if models else None)
         return (t.gpu, t.gpu_memory_mib, t.gpu_compute_pct, t.cpu_milli, t.memory_mib, allowed), allowed

@@ -31,10 +31,11 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel, Field
 
+from scheduling.arrays import FloatArray, IntArray
 from scheduling.framework import Cycle, Placing, register
 from scheduling.plugins.fgd import MIX_MEMOS, Fgd, FgdArgs, _Type
 from scheduling.stash import swap
-from scheduling.state import ClusterState, FloatArray, IntArray
+from scheduling.state import ClusterState
 
 
 class KairosPackArgs(FgdArgs):

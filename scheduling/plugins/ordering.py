@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from scheduling import jobcols as jc
-from scheduling.framework import Cycle, JobInfo, Plugin, register
-from scheduling.model import JobRequest, PreemptReason
-from scheduling.state import BoolArray, FloatArray
+from scheduling.arrays import BoolArray, FloatArray
+from scheduling.framework import Cycle, JobInfo, JobPriorities, Plugin, register
+from scheduling.model import JobRequest, PreemptReason, TaskRequest
 
 UNKNOWN_S = 3600.0  # expected run time of a job with no estimate that has not run yet
 
@@ -50,6 +51,14 @@ def waited(cycle: Cycle) -> FloatArray:
     return out
 
 
+@dataclass(slots=True)
+class _ClassVictims:
+    """The priority plugin's preemption memo for one cycle (``preempt_by: class``)."""
+
+    classes: FloatArray | None = None  # each running job's class value
+    below: dict[float, BoolArray] = field(default_factory=dict)  # by the preemptor's class value
+
+
 @register
 class Priority(Plugin):
     """Combined priority: class, user priority, aging, parallelism; starved jobs first."""
@@ -58,14 +67,17 @@ class Priority(Plugin):
     Args = PriorityArgs
     args: PriorityArgs
 
-    def _static(self, job: JobRequest) -> float:
+    def __init__(self, args: BaseModel, weight: float = 1.0) -> None:
+        super().__init__(args, weight)
+        self._rank = {r: i for i, r in enumerate(self.args.role_order)}
+
+    def static_priority(self, job: JobRequest) -> float:
         a = self.args
         return a.class_values.get(job.priority_class, 0.0) + a.user_weight * job.priority
 
-    def open(self, cycle: Cycle) -> None:
-        cycle.priority_of = self._static
-        cycle.role_rank = {r: i for i, r in enumerate(self.args.role_order)}
-        cycle.starvation_bound_s = self.args.starvation_bound_s
+    def task_order(self, job: JobRequest) -> tuple[TaskRequest, ...] | None:
+        rank = self._rank
+        return tuple(sorted(job.tasks, key=lambda t: rank.get(t.role, len(rank)))) if rank else None
 
     def bound(self, cycle: Cycle, longest_wait: float) -> float:
         """The starvation bound this cycle. Under sustained overload no fixed bound can
@@ -85,9 +97,7 @@ class Priority(Plugin):
             est = np.where(np.isinf(rt.estimate), np.nan, rt.estimate)
             work += float((expected_left(est, ran, UNKNOWN_S, 1.0) * rt.gpus).sum())
         drain = work / cycle.capacity.gpu
-        bound = max(a.starvation_bound_s, a.backlog_factor * drain)
-        cycle.starvation_bound_s = bound
-        return bound
+        return max(a.starvation_bound_s, a.backlog_factor * drain)
 
     def order_keys(self, cycle: Cycle, jobs: Sequence[JobInfo]) -> list[FloatArray]:
         a = self.args
@@ -95,8 +105,9 @@ class Priority(Plugin):
         submit = c[jc.SUBMIT]
         wait = waited(cycle)
         prio = c[jc.STATIC] + a.aging_per_hour * wait / 3600.0 + a.parallelism_weight * np.log2(1.0 + c[jc.GPUS])
-        starved = wait >= self.bound(cycle, float(wait.max(initial=0.0)))
-        cycle.job_priority, cycle.job_starved = prio, starved  # the scheduler copies them to JobInfo
+        bound = self.bound(cycle, float(wait.max(initial=0.0)))
+        starved = wait >= bound
+        cycle.put(JobPriorities(prio, starved, bound))  # the allocate action copies them to JobInfo
         # starved jobs go oldest first, the rest by combined priority
         return [np.where(starved, 0.0, 1.0), np.where(starved, submit, -prio)]
 
@@ -105,16 +116,15 @@ class Priority(Plugin):
         if not a.preempt or not cycle.running:
             return []
         if a.preempt_by == "class":
-            classes = cycle.extra.get("priority.class")
-            if classes is None:
-                classes = cycle.extra["priority.class"] = np.fromiter(
+            memo = cycle.setdefault(_ClassVictims)
+            if memo.classes is None:
+                memo.classes = np.fromiter(
                     (a.class_values.get(r.job.priority_class, 0.0) for r in cycle.running), float,
                     len(cycle.running))
             mine = a.class_values.get(info.job.priority_class, 0.0)
-            below = cycle.extra.setdefault("priority.below", {})  # by the preemptor's class value
-            mask = below.get(mine)
+            mask = memo.below.get(mine)
             if mask is None:
-                mask = below[mine] = classes < mine
+                mask = memo.below[mine] = memo.classes < mine
             return [(mask, PreemptReason.PRIORITY)]
         return [(info.static_priority - cycle.runs().static >= a.preempt_gap, PreemptReason.PRIORITY)]
 
@@ -199,6 +209,14 @@ def expected_left(est: FloatArray, done: FloatArray, unknown_s: float, overrun: 
     return np.where(ahead, np.where(known, est, 0.0) - done, np.maximum(past, 1.0))
 
 
+@dataclass(slots=True)
+class _SrptVictims:
+    """Srpt's preemption memo for one cycle: the same for every preemptor."""
+
+    theirs: FloatArray | None = None  # each running job's expected service left
+    fresh: BoolArray | None = None  # each running job did not starve before it started
+
+
 @register
 class Srpt(Plugin):
     """Kairos' ordering: shortest expected remaining service first, from submit-time
@@ -226,24 +244,25 @@ class Srpt(Plugin):
         if not a.preempt or not cycle.running or info.starved or info.job.runtime_estimate_s is None:
             # only for work known to be short; a starved job goes first and gets a reservation
             return []
-        theirs = cycle.extra.get("srpt.theirs")
-        if theirs is None:  # the running jobs' expected service left: the same for every preemptor
+        memo = cycle.setdefault(_SrptVictims)
+        theirs = memo.theirs
+        if theirs is None:
             rt = cycle.runs()
             done = (cycle.now - rt.start) + np.where(rt.gpus > 0, rt.attained / np.maximum(rt.gpus, 1e-9), 0.0)
-            theirs = cycle.extra["srpt.theirs"] = self._service(expected_left(
+            theirs = memo.theirs = self._service(expected_left(
                 np.where(np.isinf(rt.estimate), np.nan, rt.estimate), done, a.unknown_s, a.overrun), rt.gpus)
         est: float = info.job.runtime_estimate_s  # known: checked above
         ran = info.job.attained_service_s / info.gpus if info.gpus else 0.0
         left = est - ran if ran < est else max(a.overrun * ran, 1.0)  # expected_left, of one job
         mine = left * max(info.gpus, 1e-3) if a.by == "gpu_time" else left
         ok = theirs > a.preempt_ratio * mine
-        if cycle.starvation_bound_s is not None:
+        prios = cycle.get(JobPriorities)
+        if prios is not None:
             # a job that starved before it started is not stopped for shorter work: it would
             # queue again, starve again and go first again, round and round
-            fresh = cycle.extra.get("srpt.fresh")
-            if fresh is None:
-                fresh = cycle.extra["srpt.fresh"] = cycle.runs().waited < cycle.starvation_bound_s
-            ok &= fresh
+            if memo.fresh is None:
+                memo.fresh = cycle.runs().waited < prios.starvation_bound_s
+            ok &= memo.fresh
         return [(ok, PreemptReason.SRTF)]
 
 

@@ -11,8 +11,8 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from scheduling.framework import Cycle, Placing, Plugin, register
-from scheduling.state import FloatArray, IntArray
+from scheduling.arrays import FloatArray, IntArray
+from scheduling.framework import Cycle, PlacementHints, Placing, Plugin, register
 
 
 def _need_pct(p: Placing) -> float:
@@ -47,11 +47,11 @@ class Binpack(Plugin):
     args: BinpackArgs
 
     def open(self, cycle: Cycle) -> None:
-        cycle.spread = self.args.strategy == "spread"
+        cycle.setdefault(PlacementHints).spread = self.args.strategy == "spread"
 
     def score(self, cycle: Cycle, p: Placing, cand: IntArray) -> FloatArray | None:
         fill = _gpu_fill_after(cycle, p, cand)
-        return 1.0 - fill if cycle.spread else fill
+        return 1.0 - fill if self.args.strategy == "spread" else fill
 
     def score_key(self, cycle: Cycle, p: Placing) -> Hashable | None:
         return p.task.shape
@@ -109,7 +109,7 @@ class Topology(Plugin):
     name = "topology"
 
     def open(self, cycle: Cycle) -> None:
-        cycle.gang_racks = True  # the placer's gang fence keeps a gang in one rack where it can
+        cycle.setdefault(PlacementHints).gang_racks = True  # the gang fence: one rack where it can
 
     def score(self, cycle: Cycle, p: Placing, cand: IntArray) -> FloatArray | None:
         t, st, tbl = p.task, p.state, cycle.table
@@ -159,7 +159,7 @@ class LoadAware(Plugin):
         tele = cycle.snapshot.telemetry
         if not tele:
             self._node = None
-            cycle.gpu_penalty = None
+            cycle.setdefault(PlacementHints).gpu_penalty = None
             return
         if tele is not self._src or self._gpu is None or self._gpu.shape != (cycle.table.n, cycle.table.g):
             tbl = cycle.table
@@ -176,7 +176,7 @@ class LoadAware(Plugin):
                         pen[i, j] = 0.5 * s.utilization_pct / 100.0 + 0.5 * heat + (1.0 if s.degraded else 0.0)
             self._src, self._gpu = tele, pen
             self._node = pen.sum(axis=1) / np.maximum(tbl.exists.sum(axis=1), 1)
-        cycle.gpu_penalty = self._gpu
+        cycle.setdefault(PlacementHints).gpu_penalty = self._gpu
 
     def score(self, cycle: Cycle, p: Placing, cand: IntArray) -> FloatArray | None:
         if self._node is None:

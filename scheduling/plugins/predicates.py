@@ -6,9 +6,9 @@ from collections.abc import Hashable
 
 import numpy as np
 
-from scheduling.framework import Cycle, JobInfo, Placing, Plugin, register
+from scheduling.arrays import BoolArray, FloatArray, IntArray
+from scheduling.framework import Cycle, JobInfo, PlacementHints, Placing, Plugin, register
 from scheduling.model import Node, TaskRequest
-from scheduling.state import BoolArray, FloatArray, IntArray
 
 
 def _tolerates(taint: str, tolerations: tuple[str, ...]) -> bool:
@@ -47,7 +47,7 @@ class GpuModel(Plugin):
     name = "gpumodel"
 
     def open(self, cycle: Cycle) -> None:
-        cycle.enforce_models = True
+        cycle.setdefault(PlacementHints).enforce_models = True
 
     def node_mask(self, cycle: Cycle, info: JobInfo, task: TaskRequest) -> BoolArray | None:
         models = info.job.gpu_models

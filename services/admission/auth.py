@@ -1,7 +1,8 @@
 """Bearer-token authentication and roles.
 
-Every /v1 route depends on ``Caller`` (any active token) or ``Admin`` (an admin token).
-Tokens live hashed in ``api_tokens`` (``services.admission.tokens``). Refusals:
+Every /v1 route depends on ``Caller`` (any active token) or ``Admin`` (an admin token),
+both in ``services.admission.deps``. Tokens live hashed in ``api_tokens``
+(``services.admission.tokens``). Refusals:
 
 - no token, or not ``Authorization: Bearer ...``: 401 with ``WWW-Authenticate: Bearer``;
 - unknown, expired or revoked token: 401 whose detail says which;
@@ -11,14 +12,11 @@ Tokens live hashed in ``api_tokens`` (``services.admission.tokens``). Refusals:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request, status
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import HTTPException, status
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission import tokens
-
-_bearer = HTTPBearer(auto_error=False, description="an API token: `kairos token create`")
 
 
 @dataclass(frozen=True)
@@ -33,19 +31,17 @@ class Principal:
         return self.role == "admin"
 
 
-async def authenticate(
-    request: Request,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> Principal:
-    if credentials is None or not credentials.credentials:
+async def principal_of(engine: AsyncEngine, secret: str | None,
+                       cache: tokens.TokenCache | None) -> Principal:
+    """The caller a bearer token's secret names; 401 for none, or a token refused."""
+    if not secret:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
             detail="missing bearer token: send 'Authorization: Bearer <token>'",
             headers={"WWW-Authenticate": "Bearer"},
         )
     try:
-        row = await tokens.resolve(request.app.state.engine, credentials.credentials,
-                                   getattr(request.app.state, "token_cache", None))
+        row = await tokens.resolve(engine, secret, cache)
     except tokens.TokenRefused as exc:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED, detail=exc.reason,
@@ -56,7 +52,8 @@ async def authenticate(
                      token_id=row["id"])
 
 
-def require_admin(caller: Annotated[Principal, Depends(authenticate)]) -> Principal:
+def admin_only(caller: Principal) -> Principal:
+    """The caller, if an admin; 403 otherwise."""
     if not caller.admin:
         raise HTTPException(status.HTTP_403_FORBIDDEN,
                             detail=f"admin role required (this token's role is {caller.role})")

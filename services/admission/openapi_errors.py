@@ -11,7 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
 MAX_FIELD_ERRORS = 50  # field errors listed in a 422
 
@@ -54,6 +57,18 @@ def field_errors(errors: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         out.append({"field": "(body)", "type": "too_many_errors",
                     "message": f"and {len(errors) - MAX_FIELD_ERRORS} more errors"})
     return out
+
+
+def validation_detail(exc: ValidationError) -> list[dict[str, Any]]:
+    """A pydantic model's refusal as a 422's detail."""
+    return field_errors(
+        exc.errors(include_url=False, include_context=False, include_input=False))
+
+
+async def request_refused(_: Request, exc: Exception) -> JSONResponse:
+    """The app's handler of a request FastAPI could not validate: 422 in our shape."""
+    assert isinstance(exc, RequestValidationError)  # the only exception it is installed for
+    return JSONResponse(status_code=422, content={"detail": field_errors(exc.errors())})
 
 
 def _codes(path: str, method: str, op: dict[str, Any]) -> list[str]:

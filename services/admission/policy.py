@@ -115,11 +115,3 @@ async def check(spec: JobSpec, max_job_gpus: int, shapes: ClusterShapes) -> None
         raise _refuse("never_fits", "minAvailable" if spec.min_available else "tasks", (
             f"the gang needs {need} GPUs at once; the whole cluster has "
             f"{cluster.total_gpus}"))
-
-
-async def check_submit(app: Any, spec: JobSpec) -> None:
-    """``check`` with the gateway app's settings and its cached cluster shapes."""
-    shapes = getattr(app.state, "cluster_shapes", None)
-    if shapes is None:
-        shapes = app.state.cluster_shapes = ClusterShapes(app.state.engine)
-    await check(spec, app.state.settings.max_job_gpus, shapes)

@@ -19,7 +19,19 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from shared.db import autocommit
-from shared.events import JobWaiting, QueueChanged, QueueStatus
+from shared.events import JobWaiting, QueueChanged, QueueRefusal, QueueStatus
+
+# how the admin API answers each refusal of queueing's (the edge's mapping)
+REFUSAL_STATUS = {QueueRefusal.NOT_FOUND: 404, QueueRefusal.EXISTS: 409,
+                  QueueRefusal.CONFLICT: 409, QueueRefusal.INVALID: 422}
+
+
+def refusal_status(ev: QueueChanged) -> int:
+    """The HTTP status for a rejected command (a replica of queueing from before the
+    typed ``refusal`` sent the status itself)."""
+    if ev.refusal is not None:
+        return REFUSAL_STATUS[ev.refusal]
+    return int(ev.settings.get("status", 409))
 
 
 async def apply_queue_event(conn: AsyncConnection, ev: QueueChanged | QueueStatus) -> None:
@@ -47,7 +59,7 @@ async def apply_queue_event(conn: AsyncConnection, ev: QueueChanged | QueueStatu
                VALUES (:r, :q, :o, :e) ON CONFLICT (request_id) DO NOTHING"""),
             {"r": ev.request_id, "q": ev.queue,
              "o": "rejected" if ev.change == "rejected" else "applied",
-             "e": json.dumps({"status": ev.settings.get("status", 409), "error": ev.error})
+             "e": json.dumps({"status": refusal_status(ev), "error": ev.error})
              if ev.change == "rejected" else ""})
     if ev.change == "rejected":
         return

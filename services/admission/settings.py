@@ -1,4 +1,7 @@
+"""The gateway's settings, all read from ``KAIROS_*`` environment variables."""
+
 from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.config import CommonSettings
 
@@ -6,7 +9,6 @@ from shared.config import CommonSettings
 class SubmitLimit(BaseModel):
     rate_per_s: float = Field(ge=0, description="submits refilled per second; 0 = no limit")
     burst: int = Field(ge=1, description="submits allowed at once")
-
 
 
 class AdmissionSettings(CommonSettings):
@@ -19,7 +21,7 @@ class AdmissionSettings(CommonSettings):
     max_request_bytes: int = Field(default=1024 * 1024, ge=1)
     # the Retry-After of a 503 while PostgreSQL is unreachable (db_errors)
     db_retry_after_s: int = Field(default=2, ge=1)
-    # --- admission policy and job operations (routes_jobs_stream, routes_usage, policy) ---
+    # --- admission policy and job operations (routes/job_stream.py, routes/usage.py, policy) ---
     # per-tenant submit rate limit, a token bucket shared by every replica (PostgreSQL):
     # `submit_rate_per_s` refills, up to `submit_burst`; 0 turns the limit off. Lenient by
     # default; KAIROS_TENANT_SUBMIT_LIMITS='{"vision": {"rate_per_s": 2, "burst": 10}}'
@@ -60,3 +62,12 @@ class AdmissionSettings(CommonSettings):
     # a stream open this long is closed without `end`; the client reconnects with
     # Last-Event-ID (SSE), so long watches spread again over the replicas
     stream_max_s: float = Field(default=3600.0, gt=0)
+
+
+class LogProxySettings(BaseSettings):
+    """How the gateway talks to agents for ``GET /v1/jobs/{id}/logs`` (the same
+    ``KAIROS_AGENT_TOKEN`` as the agents)."""
+
+    model_config = SettingsConfigDict(env_prefix="KAIROS_", extra="ignore")
+    agent_token: str = ""
+    agent_timeout_s: float = 10.0

@@ -34,6 +34,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shared.db import autocommit
+from shared.durations import parse_duration
 from shared.events import utcnow
 
 ROLES = ("user", "admin")
@@ -46,8 +47,6 @@ LAST_USED_EVERY = timedelta(seconds=60)  # last_used_at is refreshed at most thi
 # the columns an API may show: never the hash
 PUBLIC_COLUMNS = ("id, tenant, name, role, created_at, created_by, expires_at, revoked_at,"
                   " last_used_at")
-_DURATION_RE = re.compile(r"^\s*(\d+)\s*([smhdw]?)\s*$")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 class TokenRefused(Exception):
@@ -68,14 +67,6 @@ def hash_token(plaintext: str) -> str:
 
 def new_token_id() -> str:
     return "t-" + uuid.uuid4().hex[:12]
-
-
-def parse_duration(value: str) -> timedelta:
-    """'30d', '12h', '90m', '3600s', '2w' or a bare number of seconds."""
-    m = _DURATION_RE.match(value)
-    if not m or int(m[1]) == 0:
-        raise ValueError(f"not a duration: {value!r} (use e.g. 30d, 12h, 90m, 3600s)")
-    return timedelta(seconds=int(m[1]) * _UNITS[m[2]])
 
 
 def check_fields(tenant: str, role: str, name: str | None) -> None:

@@ -74,7 +74,7 @@ async def _open(conn: AsyncConnection, st: JobStatus, occurred_at: datetime) -> 
         return  # a job this gateway never accepted
     spec = job["spec"] if isinstance(job["spec"], dict) else json.loads(job["spec"])
     name = task_name(st.task)
-    task = next((t for t in spec.get("tasks", []) if t.get("name") == name), {})
+    task: dict[str, Any] = next((t for t in spec.get("tasks", []) if t.get("name") == name), {})
     gpu_memory = None
     if st.node_id and not (task.get("resources") or {}).get("gpuCompute"):
         gpu_memory = await conn.scalar(text(

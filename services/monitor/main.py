@@ -23,14 +23,14 @@ from datetime import UTC, datetime
 
 from aiokafka import TopicPartition
 
-from services.monitor.election import LOCK_KEY, Election
 from services.monitor.metrics import MonitorMetrics
+from services.monitor.settings import MonitorSettings
 from services.monitor.shard import ShardView
 from services.monitor.view import ClusterView
 from shared.bus import Consumer, ConsumerOptions, Producer
-from shared.config import CommonSettings
 from shared.events import Envelope, Event, NodeLost
 from shared.http import HttpServer, ops_app
+from shared.leader import AdvisoryLock
 from shared.logging import get_logger
 from shared.retry import retry_transient
 from shared.service import ServiceRuntime, run_main
@@ -51,19 +51,6 @@ VIEW_TOPICS = (JOBS_SUBMITTED.name, JOBS_STATUS.name, BINDINGS.name, NODES_LIFEC
                QUEUES_EVENTS.name)
 
 
-class MonitorSettings(CommonSettings):
-    service_name: str = "monitor"
-    http_port: int = 8004
-    lost_after_s: float = 20.0
-    check_every_s: float = 2.0
-    stuck_after_s: float = 120.0  # bound this long without running: stuck
-    starvation_bound_s: float = 14 * 86400.0  # queues without their own (the default policy's)
-    election_poll_s: float = 2.0
-    election_key: int = LOCK_KEY  # one per monitor deployment sharing a database
-    shard_group: str = "monitor"  # the consumer group the replicas split the shard topics in
-    export_every_s: float = 0.5  # the cluster view's export, at most this often
-
-
 class MonitorReplica:
     """One replica's work: its shard always, the cluster view while elected."""
 
@@ -78,9 +65,10 @@ class MonitorReplica:
         self._exported_at = 0.0
         self.shard: ShardView | None = None
         self.shard_consumer: Consumer | None = None
-        self.election = Election(settings.database_url,
-                                 f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}",
-                                 settings.election_poll_s, settings.election_key)
+        self.election = AdvisoryLock(settings.database_url,
+                                     f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}",
+                                     settings.election_key, "monitor",
+                                     poll_s=settings.election_poll_s)
 
     async def setup(self) -> Consumer:
         """The shard consumer (group ``monitor``); the caller runs it."""

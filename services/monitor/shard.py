@@ -39,7 +39,7 @@ class TransitionReason(StrEnum):
     OTHER = "other"
 
 
-# (prefix of the reason, its class), first match wins; see services/scheduler/state.py
+# (prefix of the reason, its class), first match wins; see services/scheduler/jobs.py, state.py and resizes.py
 _PREFIXES = (
     ("admitted", TransitionReason.ADMITTED),
     ("placed", TransitionReason.PLACED),

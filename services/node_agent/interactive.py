@@ -16,6 +16,7 @@ from __future__ import annotations
 import socket
 import zlib
 
+from services.node_agent.runtimes.kubernetes_names import gang_service
 from shared.events import Connection
 
 KUBERNETES_PORT = 8888  # the container port of an interactive Pod
@@ -35,8 +36,6 @@ def allocate(runtime: str, address: str, key: str, host: str = "") -> Connection
     if runtime == "process":
         return Connection(host=address, port=free_port())
     if runtime == "kubernetes":
-        from services.node_agent.runtimes.kubernetes import gang_service  # the client is heavy
-
         job_id, _, attempt = key.split("/")
         return Connection(host=host or address, port=KUBERNETES_PORT,
                           service=gang_service(job_id, int(attempt)))

@@ -5,7 +5,7 @@ Every heartbeat the broker acknowledges renews it, as of the moment the heartbea
 a pause, cannot make the lease look fresher than it is. Unrenewed for
 ``fence_after_s``, it has expired: the monitor may declare the node lost (after its own
 ``lost_after_s``, which must be longer) and the scheduler may place its tasks elsewhere,
-so the agent fences itself (``NodeAgent.check_lease``).
+so the agent fences itself (``fencing.LeaseFence``).
 
 The monotonic clock keeps running while the process is stopped (SIGSTOP), so a pause
 shows up as an expired lease the moment the process runs again. The last renewal is

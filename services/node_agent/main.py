@@ -22,10 +22,11 @@ from pathlib import Path
 
 from aiokafka import TopicPartition
 
-from services.node_agent.agent import NodeAgent, simulated_inventory
+from services.node_agent.agent import NodeAgent
 from services.node_agent.datasets import DatasetCache
 from services.node_agent.devices.base import DeviceBackend
 from services.node_agent.devices.simulated import SimulatedDevices
+from services.node_agent.inventory import node_inventory
 from services.node_agent.lease import Lease, LeaseBook
 from services.node_agent.logs_api import add_log_routes
 from services.node_agent.runtimes.base import ExitCallback, Runtime
@@ -86,9 +87,9 @@ class AgentHost:
     def _add(self, name: str, devices: DeviceBackend, runtime_factory: RuntimeFactory) -> None:
         s = self.settings
         datasets = DatasetCache.from_setting(s.datasets_dir, s.datasets)
-        inv = simulated_inventory(name, devices, s.node_cpu_milli, s.node_memory_mib, s.rack,
-                                  runtime=s.node_runtime, address=s.node_address or "127.0.0.1",
-                                  agent_url=self.agent_url(), datasets=datasets.list())
+        inv = node_inventory(name, devices, s.node_cpu_milli, s.node_memory_mib, s.rack,
+                             runtime=s.node_runtime, address=s.node_address or "127.0.0.1",
+                             agent_url=self.agent_url(), datasets=datasets.list())
         lease = Lease(s.fence_after_s, Path(s.state_dir, name, "lease") if s.state_dir else None,
                       book=self.lease_book, key=name)
         self.agents[name] = NodeAgent(

@@ -1,5 +1,8 @@
 """The queues file: the queue tree queueing starts with, and how it orders jobs.
 
+This is policy, read from the file ``KAIROS_QUEUES_FILE`` names; the service's process
+settings (that path, ports, the cycle period) are ``settings.py``.
+
 A queues file (``KAIROS_QUEUES_FILE``, see ``examples/queues.yaml``)::
 
     ordering: {policy: priority, aging_per_hour: 0, starvation_bound_s: 14400}
@@ -29,10 +32,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from scheduling import ConfigError, SchedulerConfig
+from services.queueing.errors import QueueingError
 from shared.queuespec import QueueSpec, tree_errors, validation_errors
 
 
-class QueueConfigError(ValueError):
+class QueueConfigError(QueueingError, ValueError):
     """Invalid queue configuration; ``errors`` lists (field path, message)."""
 
     def __init__(self, errors: list[tuple[str, str]], what: str = "queues file") -> None:
@@ -53,9 +57,9 @@ class OrderingSpec(BaseModel):
     plugins: list[dict[str, Any]] | None = None
 
     def scheduler_config(self) -> SchedulerConfig:
-        prio = {"name": "priority", "args": {"aging_per_hour": self.aging_per_hour,
-                                             "starvation_bound_s": self.starvation_bound_s}}
-        fair = {"name": "fairshare", "args": {"quota": False, "reclaim": False}}
+        prio: dict[str, Any] = {"name": "priority", "args": {
+            "aging_per_hour": self.aging_per_hour, "starvation_bound_s": self.starvation_bound_s}}
+        fair: dict[str, Any] = {"name": "fairshare", "args": {"quota": False, "reclaim": False}}
         plugins: list[dict[str, Any]] = self.plugins if self.plugins is not None else {
             "priority": [prio, fair, {"name": "fifo"}],
             "fairshare": [fair, {"name": "fifo"}],

@@ -1,7 +1,10 @@
-"""The queueing service's shell: settings, the queues file, the consumer and the loops.
+"""The queueing service's shell: the queues file, the consumer, the loops and the
+ops endpoints (health, ``/metrics``).
 
-What it does is in ``services.queueing.service``; the queue tree and quota model in
-``quota``, the order in ``ordering``, the file format in ``config``.
+Its settings are ``settings``; what it does is ``service`` (the event loop), with the
+decisions in ``admit`` (quota admission and reclaim), ``explain`` (why jobs wait) and
+``queue_commands`` (admin commands); the quota model is ``quota``, the order
+``ordering``, the file format ``config``, the tables ``store``.
 """
 
 from __future__ import annotations
@@ -10,20 +13,13 @@ import sys
 
 from services.queueing.config import OrderingSpec, QueueConfigError, load_queues_file
 from services.queueing.service import Queueing
+from services.queueing.settings import QueueingSettings
 from shared.bus import Consumer, ConsumerOptions
-from shared.config import CommonSettings
 from shared.http import HttpServer, ops_app
 from shared.queuespec import QueueSpec
 from shared.refill import BrokerWatch
 from shared.service import ServiceRuntime, run_main
 from shared.topics import JOBS_COMMANDS, JOBS_STATUS, JOBS_SUBMITTED, QUEUES_EVENTS
-
-
-class QueueingSettings(CommonSettings):
-    service_name: str = "queueing"
-    http_port: int = 8001
-    queues_file: str = ""  # KAIROS_QUEUES_FILE; empty = one shared `default` queue, no quota
-    cycle_interval_s: float = 1.0  # other replicas' changes and aging show up this often
 
 
 def load_config(settings: QueueingSettings) -> tuple[OrderingSpec, list[QueueSpec]]:

@@ -53,7 +53,17 @@ def tree_lock_key(top: str) -> int:
     return 0x4B51_0000_0000 + zlib.crc32(top.encode())
 
 
-CONFIG_LOCK = 0x4B51_434F_4E46  # "KQCONF": one replica syncs the file at a time
+CONFIG_LOCK = 0x4B51_434F_4E46  # "KQCONF": one replica changes the queues at a time
+
+
+async def lock_config(conn: AsyncConnection) -> None:
+    """Hold, until the transaction ends, the lock on changing the queues."""
+    await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": CONFIG_LOCK})
+
+
+async def lock_tree(conn: AsyncConnection, top: str) -> None:
+    """Hold, until the transaction ends, the lock on deciding for the tree ``top``."""
+    await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": tree_lock_key(top)})
 
 
 async def load_queues(conn: AsyncConnection) -> dict[str, QueueRow]:
@@ -95,10 +105,22 @@ async def record_request(conn: AsyncConnection, request_id: str, queue: str, out
         {"r": request_id, "q": queue, "o": outcome, "e": error})
 
 
-async def insert_jobs(conn: AsyncConnection, rows: list[dict[str, Any]]) -> None:
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    job_id: str
+    queue: str
+    tenant: str
+    state: str  # queued; done for a job no queue can hold; cancelled for a tombstone
+    event: str  # its JobSubmitted, as JSON
+
+
+async def insert_jobs(conn: AsyncConnection, jobs: list[NewJob]) -> None:
+    """Store jobs as they arrive (one already stored is left as it is: a replay)."""
     await conn.execute(text(
         """INSERT INTO queue_jobs (job_id, queue, tenant, state, event)
-           VALUES (:j, :q, :t, :s, CAST(:e AS jsonb)) ON CONFLICT (job_id) DO NOTHING"""), rows)
+           VALUES (:j, :q, :t, :s, CAST(:e AS jsonb)) ON CONFLICT (job_id) DO NOTHING"""),
+        [{"j": j.job_id, "q": j.queue, "t": j.tenant, "s": j.state, "e": j.event}
+         for j in jobs])
 
 
 _ROW_COLUMNS = """job_id, seq, queue, state, attempt, phase, borrowing, reason, notices,
@@ -125,9 +147,8 @@ async def active_jobs(conn: AsyncConnection, queues: list[str],
     missing = [r.job_id for r in rows if not known(r.job_id, r.attempt)]
     events: dict[str, Any] = {}
     if missing:
-        events = dict((await conn.execute(text(
-            "SELECT job_id, event FROM queue_jobs WHERE job_id = ANY(:j)"), {"j": missing})
-        ).tuples().all())
+        events = {r.job_id: r.event for r in (await conn.execute(text(
+            "SELECT job_id, event FROM queue_jobs WHERE job_id = ANY(:j)"), {"j": missing}))}
     return [_row(r, _json(events[r.job_id]) if r.job_id in events else {}) for r in rows]
 
 
@@ -145,7 +166,50 @@ async def lock_jobs(conn: AsyncConnection, job_ids: list[str]) -> dict[str, JobR
     return {r.job_id: _row(r, {}) for r in rows}
 
 
-async def update_job(conn: AsyncConnection, job_id: str, **values: Any) -> None:
+async def admit(conn: AsyncConnection, job_id: str, borrowing: bool, at: datetime) -> None:
+    """A waiting job now holds its queue's quota."""
+    await conn.execute(text(
+        """UPDATE queue_jobs SET state = 'admitted', phase = 'admitted',
+               borrowing = :b, reason = '', admitted_at = :t
+           WHERE job_id = :j AND state = 'queued'"""),
+        {"b": borrowing, "t": at, "j": job_id})
+
+
+async def reclaim(conn: AsyncConnection, job_id: str) -> None:
+    """An admitted job is asked to stop; it holds its quota until it has."""
+    await _update_job(conn, job_id, state="reclaiming")
+
+
+async def note_wait(conn: AsyncConnection, job_id: str, reason: str, notices: int) -> None:
+    """A waiting job's reason changed; ``notices`` counts the changes announced."""
+    await _update_job(conn, job_id, reason=reason, notices=notices)
+
+
+async def requeue(conn: AsyncConnection, job_id: str, attempt: int) -> None:
+    """A reclaimed job is back in its queue, as attempt ``attempt``, without its quota."""
+    await _update_job(conn, job_id, state="queued", attempt=attempt, phase="",
+                      borrowing=False, reason="", admitted_at=None, started_at=None)
+
+
+async def follow_phase(conn: AsyncConnection, job_id: str, phase: str, attempt: int,
+                       started_at: datetime | None = None) -> None:
+    """An admitted job's progress (admitted, bound, running: since ``started_at``)."""
+    values: dict[str, Any] = {"phase": phase, "attempt": attempt}
+    if started_at is not None:
+        values["started_at"] = started_at
+    await _update_job(conn, job_id, **values)
+
+
+async def end(conn: AsyncConnection, job_id: str, phase: str) -> None:
+    """The job ended (``phase``: how); its quota is free."""
+    await _update_job(conn, job_id, state="done", phase=phase)
+
+
+async def cancel(conn: AsyncConnection, job_id: str) -> None:
+    await _update_job(conn, job_id, state="cancelled")
+
+
+async def _update_job(conn: AsyncConnection, job_id: str, **values: Any) -> None:
     sets = ", ".join(f"{k} = :{k}" for k in values)
     await conn.execute(text(f"UPDATE queue_jobs SET {sets} WHERE job_id = :job_id"),
                        {**values, "job_id": job_id})

@@ -15,13 +15,15 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from scheduling import PendingReason, Plan, PreemptReason, ResizeReason, Scheduler, SchedulerConfig
-from services.scheduler.leader import LeaderLease
-from services.scheduler.state import NodeView, Output, SchedulerState
+from services.scheduler.model import Output
+from services.scheduler.rows import JobRow, NodeRow, node_from_row, node_row
+from services.scheduler.settings import SchedulerSettings
+from services.scheduler.state import SchedulerState
 from shared.bus import Consumer, ConsumerOptions
-from shared.config import CommonSettings
 from shared.errors import NonRetryable
-from shared.events import Envelope, Event, NodeInventory, NodeSchedulability
+from shared.events import Envelope, Event, NodeSchedulability
 from shared.http import HttpServer, ops_app
+from shared.leader import LeaderLease
 from shared.logging import get_logger
 from shared.outbox import OutboxRelay, Stored, add_many
 from shared.refill import BrokerWatch
@@ -60,17 +62,6 @@ def count_preemptions(plan: Plan) -> None:
     for rz in plan.resizes:
         if rz.reason is ResizeReason.SHRINK:
             PREEMPTIONS.labels(PreemptReason.SHRINK.value).inc(len(rz.stop_task_ids))
-
-
-class SchedulerSettings(CommonSettings):
-    service_name: str = "scheduler"
-    http_port: int = 8002
-    policy_file: str = ""  # a SchedulerConfig YAML; empty = the preset below
-    policy: str = "default"  # a preset of scheduling.SchedulerConfig
-    # the leader's lease: renewed this often, taken over once it is this old (at once if
-    # the leader's database session is gone); kube-scheduler's defaults are 15 s / 2 s
-    lease_ttl_s: float = 15.0
-    lease_renew_s: float = 2.0
 
 
 def load_placer(settings: SchedulerSettings) -> Scheduler:
@@ -116,17 +107,14 @@ class SchedulerService:
                 " '$[*] ? (@.state == \"bound\" || @.state == \"running\")')"
             ))).mappings().all()
             for r in rows:
-                self.state.load_job(dict(r))
+                self.state.load_job(JobRow(**r))
             self.state.finished.update(x for (x,) in (await conn.execute(text(
                 "SELECT job_id FROM sched_jobs WHERE state IN ('succeeded', 'failed', 'cancelled')"
             ))).all() if x not in self.state.jobs)
             for r in (await conn.execute(text(
                     "SELECT node_id, inventory, state, cordon, cordon_generation, cordon_reason"
                     " FROM sched_nodes"))).mappings():
-                self.state.nodes[r["node_id"]] = NodeView(
-                    NodeInventory.model_validate(r["inventory"]), lost=r["state"] == "lost",
-                    cordon=r["cordon"], cordon_generation=r["cordon_generation"],
-                    cordon_reason=r["cordon_reason"])
+                self.state.nodes[r["node_id"]] = node_from_row(NodeRow(**r))
         log.info("state loaded", jobs=len(self.state.jobs), nodes=len(self.state.nodes))
 
     async def handle(self, env: Envelope, event: Event) -> None:
@@ -160,7 +148,7 @@ class SchedulerService:
                 PENDING.labels(str(reason)).set(reasons.count(reason))
         out, self.out = self.out, Output()
         if out.dirty_nodes or cycled:
-            states = [self.state.scheduling_of(v) for v in self.state.nodes.values() if not v.lost]
+            states = [v.scheduling for v in self.state.nodes.values() if not v.lost]
             for s in NodeSchedulability:
                 NODES.labels(s.value).set(states.count(s))
         async with self.relay.exclusive():  # nothing else publishes between the two
@@ -209,14 +197,13 @@ class SchedulerService:
                 await conn.execute(text(
                     """INSERT INTO sched_nodes (node_id, inventory, state, cordon,
                            cordon_generation, cordon_reason)
-                       VALUES (:n, CAST(:i AS jsonb), :s, :c, :g, :r)
+                       VALUES (:node_id, CAST(:inventory AS jsonb), :state, :cordon,
+                           :cordon_generation, :cordon_reason)
                        ON CONFLICT (node_id) DO UPDATE SET inventory = EXCLUDED.inventory,
                            state = EXCLUDED.state, cordon = EXCLUDED.cordon,
                            cordon_generation = EXCLUDED.cordon_generation,
                            cordon_reason = EXCLUDED.cordon_reason, updated_at = now()"""),
-                    [{"n": v.inventory.node_id, "i": v.inventory.model_dump_json(),
-                      "s": "lost" if v.lost else "ready", "c": v.cordon,
-                      "g": v.cordon_generation, "r": v.cordon_reason} for v in nodes])
+                    [node_row(v) for v in nodes])
         return stored
 
 
@@ -244,13 +231,15 @@ async def main(settings: SchedulerSettings | None = None) -> None:
         ConsumerOptions("scheduler", [JOBS_READY.name, JOBS_STATUS.name, JOBS_COMMANDS.name,
                                       NODES_LIFECYCLE.name, NODES_TELEMETRY.name]),
         svc.handle, rt.producer, on_batch_end=svc.flush))
-    rt.add_loop(lease.watch)
+    rt.add_loop(lease.watch)  # returns, ending the service, once the lease is lost
     rt.add_loop(svc.relay.run)
     rt.add_loop(watch.run)
     try:
         await rt.run(http)
     finally:
         IS_LEADER.set(0)
+        if not lease.leading:  # its supervisor starts it again, as a standby
+            log.error("leadership lost; stopping so a fresh process can stand by", epoch=epoch)
         await lease.release()
 
 

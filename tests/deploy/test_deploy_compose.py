@@ -118,7 +118,7 @@ def test_kairos_services_follow_the_contract(compose) -> None:
         compose["services"]["scheduler"]["environment"]["KAIROS_POLICY_FILE"]
         == "/etc/kairos/policy.yaml"
     )
-    # queueing alone reads the queue tree (services/queueing/main.py)
+    # queueing alone reads the queue tree (services/queueing/settings.py)
     assert (
         compose["services"]["queueing"]["environment"]["KAIROS_QUEUES_FILE"]
         == "/etc/kairos/queues.yaml"

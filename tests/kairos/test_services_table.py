@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from kairos import cli
+from kairos import cli, cli_common, cli_stack
 from kairos import stack as stack_mod
 from kairos.stack import SERVICES
 
@@ -63,7 +63,7 @@ def test_the_table_up_prints_shows_each_url_and_log(monkeypatch: pytest.MonkeyPa
                                                     tmp_path: Path) -> None:
     st = fake_stack(monkeypatch, tmp_path)
     out = Console(record=True, width=250)
-    out.print(cli.services_table(st.services()))
+    out.print(cli_stack.services_table(st.services()))
     text = out.export_text()
     for r in st.services():
         line = next(ln for ln in text.splitlines() if f" {r['name']} " in ln)
@@ -78,7 +78,7 @@ def test_status_shows_the_saved_table_and_who_answers(
     saved = st.write_services()
     assert json.loads(saved.read_text())["gateway"] == f"http://127.0.0.1:{healthy_port}"
     monkeypatch.setattr(stack_mod, "WORKDIR", st.workdir)
-    monkeypatch.setattr(cli.console, "width", 250)
+    monkeypatch.setattr(cli_common.console, "width", 250)
     result = CliRunner().invoke(cli.app, ["status"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()

@@ -16,12 +16,11 @@ import pytest
 from pydantic_settings import BaseSettings
 
 from kairos.stack import Stack
-from services.admission.routes_logs import LogProxySettings
-from services.admission.settings import AdmissionSettings
-from services.monitor.main import MonitorSettings
+from services.admission.settings import AdmissionSettings, LogProxySettings
+from services.monitor.settings import MonitorSettings
 from services.node_agent.settings import AgentSettings
-from services.queueing.main import QueueingSettings
-from services.scheduler.main import SchedulerSettings
+from services.queueing.settings import QueueingSettings
+from services.scheduler.settings import SchedulerSettings
 
 from .fake_stack import fake_stack
 

@@ -18,10 +18,12 @@ from typing import Any
 import pytest
 
 from scheduling import first_fit
-from services.node_agent.agent import NodeAgent, simulated_inventory
+from services.node_agent.agent import NodeAgent
 from services.node_agent.devices.simulated import SimulatedDevices
+from services.node_agent.inventory import node_inventory
 from services.node_agent.runtimes.base import ExitCallback, Runtime
-from services.node_agent.runtimes.kubernetes import KubernetesRuntime, gang_service, pod_name
+from services.node_agent.runtimes.kubernetes import KubernetesRuntime
+from services.node_agent.runtimes.kubernetes_names import gang_service, pod_name
 from services.scheduler.state import Output, SchedulerState
 from shared.events import Binding, BindingAction, JobReady, JobState, utcnow
 from shared.jobspec import parse_job_spec
@@ -47,8 +49,8 @@ def k8s_agent(fake: FakeKubernetes, node_id: str, rec: Recorder, gpus: int = 2) 
     def runtime(on_exit: ExitCallback) -> Runtime:
         return KubernetesRuntime.from_config(on_exit, node_id, host=fake.host, poll_s=0.05)
 
-    return NodeAgent(simulated_inventory(node_id, devices, 64_000, 512_000, "r0",
-                                         runtime="kubernetes", address=f"{node_id}.local"),
+    return NodeAgent(node_inventory(node_id, devices, 64_000, 512_000, "r0",
+                                    runtime="kubernetes", address=f"{node_id}.local"),
                      devices, runtime, rec)
 
 

@@ -8,10 +8,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from services.node_agent.agent import NodeAgent, simulated_inventory
+from services.node_agent.agent import NodeAgent
 from services.node_agent.devices.simulated import SimulatedDevices
+from services.node_agent.inventory import node_inventory
 from services.node_agent.runtimes.base import ExitCallback, Runtime
-from services.node_agent.runtimes.kubernetes import KubernetesRuntime, pod_name
+from services.node_agent.runtimes.kubernetes import KubernetesRuntime
+from services.node_agent.runtimes.kubernetes_names import pod_name
 from shared.events import JobState, JobStatus
 from tests.fakes.fake_k8s import FakeKubernetes
 from tests.node_agent.helpers import until
@@ -35,8 +37,8 @@ def k8s_agent(fake: FakeKubernetes, rec: Recorder) -> NodeAgent:
     def runtime(on_exit: ExitCallback) -> Runtime:
         return KubernetesRuntime.from_config(on_exit, "n1", host=fake.host, poll_s=0.05)
 
-    return NodeAgent(simulated_inventory("n1", devices, 64_000, 512_000, "r0",
-                                         runtime="kubernetes"), devices, runtime, rec)
+    return NodeAgent(node_inventory("n1", devices, 64_000, 512_000, "r0",
+                                    runtime="kubernetes"), devices, runtime, rec)
 
 
 def uid(fake: FakeKubernetes, key: str) -> str | None:

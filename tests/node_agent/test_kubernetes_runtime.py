@@ -15,7 +15,8 @@ import pytest
 from kubernetes import client as k8s
 
 from services.node_agent.runtimes.base import GpuGrant, TaskLaunch
-from services.node_agent.runtimes.kubernetes import KubernetesRuntime, pod_name
+from services.node_agent.runtimes.kubernetes import KubernetesRuntime
+from services.node_agent.runtimes.kubernetes_names import pod_name
 from tests.fakes.fake_k8s import FakeKubernetes
 from tests.node_agent.helpers import Exits, launch, until
 

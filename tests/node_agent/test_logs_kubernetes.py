@@ -10,8 +10,9 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from services.node_agent.agent import NodeAgent, simulated_inventory
+from services.node_agent.agent import NodeAgent
 from services.node_agent.devices.simulated import SimulatedDevices
+from services.node_agent.inventory import node_inventory
 from services.node_agent.logs_api import add_log_routes
 from services.node_agent.runtimes.kubernetes import KubernetesRuntime
 from shared.events import Binding, BindingAction, TaskBinding
@@ -30,7 +31,7 @@ def fake() -> Iterator[FakeKubernetes]:
 async def test_a_pods_log_is_served_and_tailed(fake: FakeKubernetes) -> None:
     devices = SimulatedDevices("gpu-node-9", 2)
     agent = NodeAgent(
-        simulated_inventory("gpu-node-9", devices, 8_000, 16_000, "r0", runtime="kubernetes"),
+        node_inventory("gpu-node-9", devices, 8_000, 16_000, "r0", runtime="kubernetes"),
         devices, lambda on_exit: KubernetesRuntime.from_config(
             on_exit, "gpu-node-9", host=fake.host, poll_s=0.05), Recorder())
     app = FastAPI()

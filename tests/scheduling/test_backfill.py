@@ -57,16 +57,16 @@ def test_a_reservation_is_kept_for_the_interval_while_its_start_is_ahead(monkeyp
     """backfill.interval_s (Slurm's bf_interval): the head job's reservation is not
     searched again within the interval while its start is ahead; after that, or once
     the start has passed, it is."""
-    from scheduling import scheduler as core
+    from scheduling.actions import Backfill
 
     searches: list[float] = []
-    original = core._Run._search_reservation
+    original = Backfill.search
 
-    def counting(self, info):  # type: ignore[no-untyped-def]
-        searches.append(self.cycle.now)
-        return original(self, info)
+    def counting(self, session, info):  # type: ignore[no-untyped-def]
+        searches.append(session.cycle.now)
+        return original(self, session, info)
 
-    monkeypatch.setattr(core._Run, "_search_reservation", counting)
+    monkeypatch.setattr(Backfill, "search", counting)
     w = World(cluster(2), Scheduler(config("gang", "priority", "binpack", ("backfill", {"interval_s": 600}))),
               now=100)
     w.start(job("r0").gpus(4).estimate(300), at=0, n0=[0, 1, 2, 3])  # expected to end at 300
@@ -83,12 +83,12 @@ def test_a_reservation_is_kept_for_the_interval_while_its_start_is_ahead(monkeyp
 
 
 def test_without_an_interval_the_reservation_is_searched_every_cycle(monkeypatch) -> None:
-    from scheduling import scheduler as core
+    from scheduling.actions import Backfill
 
     calls: list[float] = []
-    original = core._Run._search_reservation
-    monkeypatch.setattr(core._Run, "_search_reservation",
-                        lambda self, info: calls.append(self.cycle.now) or original(self, info))
+    original = Backfill.search
+    monkeypatch.setattr(Backfill, "search",
+                        lambda self, session, info: calls.append(session.cycle.now) or original(self, session, info))
     w = world().submit(job("head").gpus(8).submit(0))
     w.step()
     w.step(50)

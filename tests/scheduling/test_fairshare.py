@@ -71,18 +71,6 @@ def test_no_reclaim_beyond_the_owners_nominal_quota() -> None:
     assert plan.preemptions == []
 
 
-def test_admit_api_for_queueing() -> None:
-    w = World(cluster(2), Scheduler(config(*FAIR)), quotas=(quota("a", 4, "c"), quota("b", 4, "c")))
-    w.submit(job("a1").tenant("a").gpus(4).submit(0), job("a2").tenant("a").gpus(4).submit(1),
-             job("a3").tenant("a").gpus(1).submit(2), job("b1").tenant("b").gpus(2).submit(3))
-    res = w.scheduler.admit(w.snapshot())
-    # DRF order b1, a1, a2, a3. Without lending limits nothing is guaranteed, so all usage
-    # draws on the pool of 8: a2 would make it 8 + 2 > 8; the smaller a3 still fits (best effort)
-    assert res.admitted == ["b1", "a1", "a3"]
-    assert res.borrowing == ["a3"]
-    assert res.pending == {"a2": PendingReason.QUOTA}
-
-
 def test_dominant_share() -> None:
     cap = Resources(10, 100, 1000)
     assert dominant_share(Resources(2, 50, 10), cap) == 0.5

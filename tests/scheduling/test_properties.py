@@ -227,7 +227,7 @@ def test_the_plan_is_deterministic(snap, cfg) -> None:
     # with the scheduler's caches warm; the victim-search backoff is policy carried from
     # one cycle to the next (a job that found no victims sits the next search out), not a
     # cache: start it afresh, as on a first cycle
-    s._fruitless = set()
+    s.action("preempt").backoff = set()
     assert s.schedule(snap) == first
     assert Scheduler(CONFIGS[cfg]).schedule(replace(snap, nodes=tuple(snap.nodes))) == first
 
@@ -242,7 +242,7 @@ def test_incremental_state_equals_a_rebuild(first, second) -> None:
     s.schedule(first)
     later = replace(second, nodes=first.nodes, allocations=first.allocations[: len(first.allocations) // 2]
                     + tuple(a for a in second.allocations if a.node_id in {n.node_id for n in first.nodes}))
-    cycle = s._open(later)
+    cycle = s.open_cycle(later)
     fresh = ClusterState(cycle.table)
     fresh.apply(later.allocations)
     for name in ("cpu_free", "mem_free", "gmem_free", "gcmp_free", "mig_free", "idle", "dom_idle", "cmp_sum"):
@@ -260,7 +260,7 @@ def test_running_jobs_kept_across_cycles_have_the_figures_of_a_fresh_cycle(snap,
     s = Scheduler()
     s.schedule(snap)
     later = replace(snap, now=snap.now + 60.0, allocations=snap.allocations[drop:])
-    warm, fresh = s._open(later), Scheduler()._open(later)
+    warm, fresh = s.open_cycle(later), Scheduler().open_cycle(later)
     assert [r.run for r in warm.running] == [r.run for r in fresh.running]
     assert warm.usage == fresh.usage
     a, b = warm.runs(), fresh.runs()
@@ -275,17 +275,17 @@ def test_running_jobs_kept_across_cycles_have_the_figures_of_a_fresh_cycle(snap,
 def test_bulk_settling_gives_the_plan_of_one_by_one(snap, cfg, copies) -> None:
     """Jobs left over once the cluster is full for them get their reasons in bulk: the
     plan is the same as trying them one by one (many same-shape jobs waiting)."""
-    from scheduling import scheduler as core
+    from scheduling.actions import Allocate
 
     pending = tuple(replace(j, job_id=f"{j.job_id}-{k}", submit_time=j.submit_time + k)
                     for k in range(copies) for j in snap.pending)
     snap = replace(snap, pending=pending)
     bulk = Scheduler(CONFIGS[cfg]).schedule(snap)
-    core._Run.bulk = False
+    Allocate.bulk = False
     try:
         one_by_one = Scheduler(CONFIGS[cfg]).schedule(snap)
     finally:
-        core._Run.bulk = True
+        Allocate.bulk = True
     assert bulk == one_by_one
 
 
@@ -358,7 +358,8 @@ def test_memoised_scores_tell_alike_nodes_apart(snap) -> None:
 @SETTINGS
 @given(st.one_of(snapshots(), alike_nodes()))
 def test_equal_state_ids_mean_equal_nodes_and_free_capacity(snap) -> None:
-    from scheduling.state import ClusterState, NodeTable
+    from scheduling.node_table import NodeTable
+    from scheduling.state import ClusterState
 
     table = NodeTable(snap.nodes)
     state = ClusterState(table)
@@ -400,7 +401,8 @@ def test_equal_state_ids_mean_equal_nodes_and_free_capacity(snap) -> None:
 def test_taking_replica_by_replica_keeps_the_figures_a_rebuild_has(snap) -> None:
     """``take`` updates idle GPUs and free compute incrementally: the same as a bulk load."""
     from scheduling import Allocation
-    from scheduling.state import ClusterState, NodeTable
+    from scheduling.node_table import NodeTable
+    from scheduling.state import ClusterState
 
     table = NodeTable(snap.nodes)
     plan = Scheduler().schedule(snap)

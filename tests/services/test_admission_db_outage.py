@@ -22,10 +22,12 @@ from sqlalchemy import exc as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from kairos.embedded import EmbeddedPostgres
-from services.admission import db_errors, routes_queues
+from services.admission import db_errors
 from services.admission.app import create_app
-from services.admission.auth import Principal, authenticate
+from services.admission.auth import Principal
 from services.admission.db_errors import DETAIL, unavailable
+from services.admission.deps import authenticate
+from services.admission.routes import queues as routes_queues
 from services.admission.settings import AdmissionSettings
 from shared.db import prepare_database
 from tests.services.gateway_helpers import JOB, auth, gateway

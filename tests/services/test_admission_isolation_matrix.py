@@ -25,7 +25,8 @@ from fastapi.routing import APIRoute
 from sqlalchemy import text
 from starlette.routing import Route
 
-from services.admission import routes_queues, tokens
+from services.admission import tokens
+from services.admission.routes import queues as routes_queues
 from shared.events import GpuInfo, JobState, NodeInventory, NodeRegistered, utcnow
 from tests.services.gateway_helpers import JOB, Gateway, auth, gateway
 

@@ -14,7 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kairos.cli import app
-from services.admission.routes_jobs_stream import WATCHERS, JobEventsFeed
+from services.admission.job_events import JobEventsFeed
+from services.admission.routes.job_stream import WATCHERS
 from shared.events import JobState
 from tests.services.gateway_helpers import Gateway, auth, gateway
 

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission import tokens
 from shared.db import make_engine
+from shared.durations import parse_duration
 
 pytestmark = pytest.mark.db
 
@@ -86,14 +87,14 @@ async def test_bad_fields_are_refused_before_the_database(engine: AsyncEngine) -
 
 
 def test_durations() -> None:
-    assert tokens.parse_duration("30d") == timedelta(days=30)
-    assert tokens.parse_duration("12h") == timedelta(hours=12)
-    assert tokens.parse_duration("90m") == timedelta(minutes=90)
-    assert tokens.parse_duration("2w") == timedelta(weeks=2)
-    assert tokens.parse_duration("3600") == timedelta(hours=1)
+    assert parse_duration("30d") == timedelta(days=30)
+    assert parse_duration("12h") == timedelta(hours=12)
+    assert parse_duration("90m") == timedelta(minutes=90)
+    assert parse_duration("2w") == timedelta(weeks=2)
+    assert parse_duration("3600") == timedelta(hours=1)
     for bad in ("", "0d", "-1d", "1y", "d"):
         with pytest.raises(ValueError, match="not a duration"):
-            tokens.parse_duration(bad)
+            parse_duration(bad)
 
 
 async def test_the_development_token_is_an_admin_registered_once(engine: AsyncEngine) -> None:

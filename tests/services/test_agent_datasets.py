@@ -11,9 +11,10 @@ import pytest
 
 from scheduling import Scheduler, SchedulerConfig
 from services.admission import store
-from services.node_agent.agent import NodeAgent, simulated_inventory
+from services.node_agent.agent import NodeAgent
 from services.node_agent.datasets import DatasetCache
 from services.node_agent.devices.simulated import SimulatedDevices
+from services.node_agent.inventory import node_inventory
 from services.node_agent.runtimes.simulated import SimulatedRuntime
 from services.scheduler.state import Output, SchedulerState
 from shared.db import make_engine
@@ -46,7 +47,7 @@ def test_the_cache_lists_its_entries_and_the_configured_names(tmp_path: Path) ->
 def test_registration_and_heartbeats_carry_the_cache(tmp_path: Path) -> None:
     cache = DatasetCache(str(tmp_path), ["c4"])
     devices = SimulatedDevices("n1", 2)
-    inv = simulated_inventory("n1", devices, 8_000, 16_000, "r0", datasets=cache.list())
+    inv = node_inventory("n1", devices, 8_000, 16_000, "r0", datasets=cache.list())
     agent = NodeAgent(inv, devices, SimulatedRuntime, Recorder(), datasets=cache)
     assert agent.inventory.datasets == ["c4"]
     (tmp_path / "imagenet").mkdir()

@@ -24,8 +24,9 @@ from urllib.parse import quote
 import pytest
 from aiokafka.errors import KafkaConnectionError
 
-from services.node_agent.agent import NodeAgent, simulated_inventory
+from services.node_agent.agent import NodeAgent
 from services.node_agent.devices.simulated import SimulatedDevices
+from services.node_agent.inventory import node_inventory
 from services.node_agent.lease import Lease, LeaseBook
 from services.node_agent.runtimes.simulated import SimulatedRuntime
 from shared.bus import Producer
@@ -83,7 +84,7 @@ def bind(job: str, duration: float = 600, node: str = "n1",
 def sim_agent(publish: Callable[[Event, str | None], Awaitable[None]], lease: Lease,
               state_dir: str = "") -> NodeAgent:
     devices = SimulatedDevices("n1", 8)
-    return NodeAgent(simulated_inventory("n1", devices, 64_000, 512_000, "r0"), devices,
+    return NodeAgent(node_inventory("n1", devices, 64_000, 512_000, "r0"), devices,
                      lambda on_exit: SimulatedRuntime(
                          on_exit, Path(state_dir, "n1") if state_dir else None),
                      publish, state_dir, lease=lease)

@@ -19,8 +19,9 @@ from kairos.embedded import free_port
 from services.admission import store, tokens
 from services.admission.app import create_app
 from services.admission.settings import AdmissionSettings
-from services.node_agent.agent import NodeAgent, simulated_inventory
+from services.node_agent.agent import NodeAgent
 from services.node_agent.devices.simulated import SimulatedDevices
+from services.node_agent.inventory import node_inventory
 from services.node_agent.logs_api import add_log_routes
 from services.node_agent.runtimes.local_process import LocalProcessRuntime
 from services.node_agent.runtimes.simulated import SimulatedRuntime
@@ -67,7 +68,7 @@ class Sink:
 
 def sim_agent(sink: Sink, node: str = "n1", url: str = "") -> NodeAgent:
     devices = SimulatedDevices(node, 8)
-    return NodeAgent(simulated_inventory(node, devices, 64_000, 512_000, "r0", agent_url=url),
+    return NodeAgent(node_inventory(node, devices, 64_000, 512_000, "r0", agent_url=url),
                      devices, SimulatedRuntime, sink)
 
 
@@ -109,7 +110,7 @@ async def test_simulated_tasks_write_a_synthetic_log_served_whole_tailed_or_foll
 async def test_local_process_output_is_followed_as_it_is_written(tmp_path: Path) -> None:
     sink = Sink()
     devices = SimulatedDevices("n1", 2)
-    agent = NodeAgent(simulated_inventory("n1", devices, 8_000, 16_000, "r0"), devices,
+    agent = NodeAgent(node_inventory("n1", devices, 8_000, 16_000, "r0"), devices,
                       lambda on_exit: LocalProcessRuntime(on_exit, tmp_path, poll_s=0.05), sink)
     app = FastAPI()
     add_log_routes(app, {"n1": agent}, token="s3cret", poll_s=0.05)

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import psutil
 
-from services.node_agent.agent import NodeAgent, simulated_inventory
+from services.node_agent.agent import NodeAgent
 from services.node_agent.devices.simulated import SimulatedDevices
+from services.node_agent.inventory import node_inventory
 from services.node_agent.runtimes.base import ExitCallback, Runtime
 from services.node_agent.runtimes.local_process import LocalProcessRuntime
 from shared.events import Binding, BindingAction, JobStatus, TaskBinding
@@ -24,7 +25,7 @@ def agent(state: Path, rec: Recorder) -> NodeAgent:
     def runtime(on_exit: ExitCallback) -> Runtime:
         return LocalProcessRuntime(on_exit, state, poll_s=0.05)
 
-    return NodeAgent(simulated_inventory("n1", devices, 8000, 16384, "r0", runtime="process"),
+    return NodeAgent(node_inventory("n1", devices, 8000, 16384, "r0", runtime="process"),
                      devices, runtime, rec, str(state))
 
 

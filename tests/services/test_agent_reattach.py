@@ -22,8 +22,9 @@ from urllib.parse import quote
 import psutil
 import pytest
 
-from services.node_agent.agent import NodeAgent, simulated_inventory
+from services.node_agent.agent import NodeAgent
 from services.node_agent.devices.simulated import SimulatedDevices
+from services.node_agent.inventory import node_inventory
 from services.node_agent.lease import Lease, LeaseBook
 from services.node_agent.runtimes.local_process import LocalProcessRuntime
 from shared.bus import Producer
@@ -119,7 +120,7 @@ async def test_a_local_process_found_after_the_grace_is_killed_not_adopted(
     def process_agent() -> NodeAgent:
         devices = SimulatedDevices("n1", 2)
         return NodeAgent(
-            simulated_inventory("n1", devices, 8000, 16384, "r0", runtime="process"), devices,
+            node_inventory("n1", devices, 8000, 16384, "r0", runtime="process"), devices,
             lambda on_exit: LocalProcessRuntime(on_exit, tmp_path / "n1", poll_s=0.05),
             broker, str(tmp_path), lease=Lease(2, tmp_path / "n1" / "lease"))
 

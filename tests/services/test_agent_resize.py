@@ -9,8 +9,9 @@ from pathlib import Path
 
 import psutil
 
-from services.node_agent.agent import NodeAgent, simulated_inventory
+from services.node_agent.agent import NodeAgent
 from services.node_agent.devices.simulated import SimulatedDevices
+from services.node_agent.inventory import node_inventory
 from services.node_agent.runtimes.base import ExitCallback, Runtime, TaskLaunch
 from services.node_agent.runtimes.local_process import LocalProcessRuntime
 from services.node_agent.runtimes.simulated import SimulatedRuntime
@@ -80,7 +81,7 @@ class RecordingRuntime(SimulatedRuntime):
 
 def sim_agent(rec: Recorder) -> tuple[NodeAgent, RecordingRuntime]:
     devices = SimulatedDevices("n1", 8)
-    agent = NodeAgent(simulated_inventory("n1", devices, 64_000, 512_000, "r0"), devices,
+    agent = NodeAgent(node_inventory("n1", devices, 64_000, 512_000, "r0"), devices,
                       RecordingRuntime, rec)
     assert isinstance(agent.runtime, RecordingRuntime)
     return agent, agent.runtime
@@ -150,7 +151,7 @@ def process_agent(state: Path, rec: Recorder) -> NodeAgent:
     def runtime(on_exit: ExitCallback) -> Runtime:
         return LocalProcessRuntime(on_exit, state, poll_s=0.05)
 
-    return NodeAgent(simulated_inventory("n1", devices, 8000, 16384, "r0", runtime="process"),
+    return NodeAgent(node_inventory("n1", devices, 8000, 16384, "r0", runtime="process"),
                      devices, runtime, rec, str(state))
 
 

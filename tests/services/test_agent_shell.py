@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from services.node_agent.agent import NodeAgent, simulated_inventory
+from services.node_agent.agent import NodeAgent
 from services.node_agent.devices.simulated import SimulatedDevices
+from services.node_agent.inventory import node_inventory
 from services.node_agent.runtimes.simulated import SimulatedRuntime
 from shared.events import (
     Binding,
@@ -33,7 +34,7 @@ class Recorder:
 
 def make_agent(rec: Recorder, state_dir: str = "") -> NodeAgent:
     devices = SimulatedDevices("n1", 8)
-    inv = simulated_inventory("n1", devices, 64_000, 512_000, "r0")
+    inv = node_inventory("n1", devices, 64_000, 512_000, "r0")
     return NodeAgent(inv, devices, SimulatedRuntime, rec, state_dir)
 
 
@@ -139,7 +140,7 @@ async def test_gang_tasks_start_with_the_rendezvous_environment() -> None:
 
     rec = Recorder()
     devices = SimulatedDevices("n1", 2)
-    agent = NodeAgent(simulated_inventory("n1", devices, 64_000, 512_000, "r0"), devices,
+    agent = NodeAgent(node_inventory("n1", devices, 64_000, 512_000, "r0"), devices,
                       Recording, rec)
     await agent.handle(mine)
     env = {la.task_id: la.env for la in launches}

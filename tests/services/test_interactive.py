@@ -19,12 +19,14 @@ from scheduling import Scheduler, SchedulerConfig
 from services.admission import store, tokens
 from services.admission.app import create_app
 from services.admission.settings import AdmissionSettings
-from services.node_agent.agent import NodeAgent, simulated_inventory
+from services.node_agent.agent import NodeAgent
 from services.node_agent.devices.simulated import SimulatedDevices
+from services.node_agent.inventory import node_inventory
 from services.node_agent.runtimes.base import ExitCallback, Runtime
 from services.node_agent.runtimes.local_process import LocalProcessRuntime
 from services.node_agent.runtimes.simulated import SimulatedRuntime
-from services.scheduler.state import HELD_S, Output, SchedulerState
+from services.scheduler.bindings import HELD_S
+from services.scheduler.state import Output, SchedulerState
 from shared.db import make_engine
 from shared.events import (
     RETURNED,
@@ -148,7 +150,7 @@ async def test_a_simulated_session_reports_a_simulated_connection_and_stops_at_i
 ) -> None:
     rec = Recorder()
     devices = SimulatedDevices("n1", 2)
-    agent = NodeAgent(simulated_inventory("n1", devices, 8000, 16384, "r0"), devices,
+    agent = NodeAgent(node_inventory("n1", devices, 8000, 16384, "r0"), devices,
                       SimulatedRuntime, rec)
     b = session_binding("E", [], limit=0.2).model_copy(update={"duration_s": HELD_S})
     await agent.handle(b)
@@ -169,7 +171,7 @@ async def test_a_process_session_listens_on_the_port_the_agent_reports(tmp_path:
     def runtime(on_exit: ExitCallback) -> Runtime:
         return LocalProcessRuntime(on_exit, tmp_path, poll_s=0.05)
 
-    agent = NodeAgent(simulated_inventory("n1", devices, 8000, 16384, "r0", runtime="process"),
+    agent = NodeAgent(node_inventory("n1", devices, 8000, 16384, "r0", runtime="process"),
                       devices, runtime, rec, str(tmp_path))
     server = ("import os, socket\n"
               "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"

@@ -18,9 +18,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from kairos.embedded import EmbeddedBroker
-from services.monitor.election import LOCK_KEY
-from services.monitor.main import MonitorReplica, MonitorSettings
+from services.monitor.main import MonitorReplica
 from services.monitor.metrics import MonitorMetrics
+from services.monitor.settings import LOCK_KEY, MonitorSettings
 from shared.bus import Consumer, ConsumerOptions, Producer, ensure_topics
 from shared.config import CommonSettings
 from shared.events import (

@@ -17,8 +17,9 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.admission import routes_queues, store, tokens
+from services.admission import store, tokens
 from services.admission.app import create_app
+from services.admission.routes import queues as routes_queues
 from services.admission.settings import AdmissionSettings
 from services.queueing.config import parse_queues
 from services.queueing.service import Queueing

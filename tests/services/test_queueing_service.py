@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.admission.queues_view import refusal_status
 from services.queueing.config import OrderingSpec, parse_queues
 from services.queueing.service import Queueing
 from shared.bus import Producer
@@ -33,6 +34,7 @@ from shared.events import (
     QueueAction,
     QueueChanged,
     QueueCommand,
+    QueueRefusal,
     QueueStatus,
     utcnow,
 )
@@ -236,11 +238,12 @@ async def test_admin_commands_are_validated_and_survive_a_restart(world: World) 
 
     bad = await command("a", QueueAction.CREATE, "cv", parent="nowhere")
     assert bad.change == "rejected" and "unknown queue or cohort 'nowhere'" in bad.error
-    assert bad.settings["status"] == 422
+    assert bad.refusal == QueueRefusal.INVALID and refusal_status(bad) == 422
     bad = await command("b", QueueAction.CREATE, "cv", guaranteed={"gpus": -1})
     assert "guaranteed.gpus" in bad.error
     assert (await command("c", QueueAction.CREATE, "nlp")).error == "queue nlp already exists"
-    assert (await command("d", QueueAction.UPDATE, "nope", weight=2)).settings["status"] == 404
+    missing = await command("d", QueueAction.UPDATE, "nope", weight=2)
+    assert missing.refusal == QueueRefusal.NOT_FOUND and refusal_status(missing) == 404
     made = await command("e", QueueAction.CREATE, "cv", parent="cluster", tenant="vision",
                          guaranteed={"gpus": 2})
     assert made.change == "created" and made.settings["effective_tenant"] == "vision"
@@ -337,3 +340,13 @@ async def test_two_replicas_share_the_intake_and_never_admit_past_the_quota(
             JobStatus(job_id=j, state=JobState.SUCCEEDED, reason="test")]])
     await asyncio.gather(first.cycle(), second.cycle())
     assert len(world.ready()) == len(set(world.ready())) == 6
+
+
+def test_the_gateway_answers_each_refusal_with_its_status() -> None:
+    def rejected(**kw: Any) -> QueueChanged:
+        return QueueChanged(queue="q", change="rejected", error="no", **kw)
+
+    assert [refusal_status(rejected(refusal=r)) for r in QueueRefusal] == [404, 409, 409, 422]
+    # a queueing replica from before the typed refusal sent the status itself
+    assert refusal_status(rejected(settings={"status": 404})) == 404
+    assert refusal_status(rejected()) == 409

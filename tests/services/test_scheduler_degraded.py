@@ -10,8 +10,9 @@ once it recovers."""
 from __future__ import annotations
 
 from scheduling import Scheduler, SchedulerConfig
-from services.node_agent.agent import NodeAgent, simulated_inventory
+from services.node_agent.agent import NodeAgent
 from services.node_agent.devices.nvml import NvmlDevices
+from services.node_agent.inventory import node_inventory
 from services.node_agent.runtimes.simulated import SimulatedRuntime
 from services.scheduler.state import Output, SchedulerState
 from shared.events import Binding, BindingAction, Event, GpuHealth, NodeRegistered, utcnow
@@ -36,8 +37,8 @@ def placed(out: Output) -> dict[str, list[int]]:
 async def test_a_degraded_gpu_is_avoided_until_it_recovers() -> None:
     nvml = FakeNvml(h100_hgx(4))
     devices = NvmlDevices(nvml)
-    agent = NodeAgent(simulated_inventory("gpu-1", devices, 64_000, 512_000, "r0",
-                                          runtime="process"),
+    agent = NodeAgent(node_inventory("gpu-1", devices, 64_000, 512_000, "r0",
+                                     runtime="process"),
                       devices, SimulatedRuntime, _nothing)
     s = SchedulerState(epoch=1, placer=Scheduler(SchedulerConfig.preset("default")).schedule)
     step(s, NodeRegistered(inventory=agent.inventory, agent_started_at=utcnow()))

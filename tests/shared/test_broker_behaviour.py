@@ -9,7 +9,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
-from shared.bus import ensure_topics
+from shared.bus import Producer, ensure_topics
 from shared.topics import Topic
 
 pytestmark = pytest.mark.broker
@@ -19,6 +19,13 @@ async def test_creating_an_existing_topic_is_harmless(broker: str) -> None:
     t = Topic("b-" + uuid.uuid4().hex[:8], "k", 4, 60_000, (), "")
     await ensure_topics(broker, [t])
     await ensure_topics(broker, [t])  # Tansu says nothing; Kafka raises, which we absorb
+    # ... and the topic is the one first created, with its partitions
+    p = Producer(broker, "test")
+    await p.start()
+    try:
+        assert await p.partition_count(t.name) == 4
+    finally:
+        await p.stop()
 
 
 async def test_manual_assignment_commits_survive_a_new_consumer(broker: str) -> None:

@@ -12,10 +12,10 @@ from aiokafka import AIOKafkaConsumer
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.scheduler.leader import LeaderLease
 from shared.bus import Producer, ensure_topics
 from shared.db import make_engine, migrate
 from shared.events import Envelope, JobState, JobStatus, utcnow
+from shared.leader import LeaderLease
 from shared.outbox import OutboxRelay, add_many, add_to_outbox, replay
 
 pytestmark = pytest.mark.db

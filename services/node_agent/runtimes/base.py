@@ -9,6 +9,7 @@ Importable on Python 3.9 (no ``slots=True``), as is the local-process runtime:
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -55,6 +56,13 @@ class TaskExit:
 
 
 ExitCallback = Callable[[TaskExit], Awaitable[None]]
+
+
+def exit_reason(code: int) -> str:
+    """The reason word of an exit code: a SIGTERM or SIGKILL death reads as killed."""
+    if code == 0:
+        return "completed"
+    return "killed" if code in (128 + signal.SIGKILL, 128 + signal.SIGTERM) else "error"
 
 # Where a task records its last checkpoint (a path or step, one line), read when it ends
 # and reported with its exit. The local runtime points it at a file of its own; Pods at

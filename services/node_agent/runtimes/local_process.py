@@ -40,6 +40,7 @@ from services.node_agent.runtimes.base import (
     RuntimeStartError,
     TaskExit,
     TaskLaunch,
+    exit_reason,
     read_checkpoint,
 )
 
@@ -54,12 +55,6 @@ WRAPPER = (
     'mv "$KAIROS_EXIT_FILE.tmp" "$KAIROS_EXIT_FILE"; exit "$code"'
 )
 PASSTHROUGH_ENV = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR", "LD_LIBRARY_PATH")
-
-
-def exit_reason(code: int) -> str:
-    if code == 0:
-        return "completed"
-    return "killed" if code in (128 + signal.SIGKILL, 128 + signal.SIGTERM) else "error"
 
 
 class LocalProcessRuntime:

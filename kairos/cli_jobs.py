@@ -1,0 +1,180 @@
+"""``kairos submit|describe|jobs|cancel|demo``: a user's jobs and job arrays."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+import yaml
+from rich.table import Table
+
+from kairos.cli_common import TokenOpt, UrlOpt, client, console, err, request
+from kairos.cli_output import Col, OutputOpt, field, show, timestamp
+from shared.job_array import is_array_id
+
+
+def submit(
+    file: Annotated[Path, typer.Argument(help="job spec, YAML or JSON", exists=True,
+                                         dir_okay=False)],
+    url: UrlOpt = None, token: TokenOpt = None,
+    idempotency_key: Annotated[str | None, typer.Option(help="makes a retry safe")] = None,
+    array: Annotated[str | None, typer.Option(
+        "--array", "-a", help="a job array, as sbatch --array: 0-999, 1,3,5-7, 0-15:4, and "
+        "%N to run at most N at once (0-999%50); the file's own `array` is replaced")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the job id "
+                                        "(like sbatch --parsable)")] = False,
+) -> None:
+    """Submit a job or a job array (like sbatch / vcctl job run)."""
+    headers = {"Content-Type": "application/yaml"}
+    body = file.read_bytes()
+    if array is not None:
+        try:
+            spec = yaml.safe_load(body)
+        except yaml.YAMLError as exc:
+            err.print(f"[red]{file} is not valid YAML or JSON[/]: {exc}")
+            raise typer.Exit(2) from exc
+        if not isinstance(spec, dict):
+            err.print(f"[red]{file} does not hold a job spec (a mapping)[/]")
+            raise typer.Exit(2)
+        body = json.dumps({**spec, "array": array}).encode()
+        headers["Content-Type"] = "application/json"
+    if idempotency_key:
+        headers["Idempotency-Key"] = idempotency_key
+    with client(url, token) as c:
+        job = request(c, "POST", "/v1/jobs", content=body, headers=headers)
+    if quiet:
+        print(job["id"])
+        return
+    if "size" in job:  # an array
+        cap = f", at most {job['max_running']} at once" if job.get("max_running") else ""
+        console.print(f"submitted array [bold]{job['id']}[/] ({job['name']}): {job['size']} "
+                      f"jobs {job['id']}-<index> for {job['indices']}{cap}, to queue "
+                      f"{job['queue']}")
+        return
+    console.print(f"submitted [bold]{job['id']}[/] ({job['name']}) to queue {job['queue']}")
+
+
+def _describe_array(c: httpx.Client, array_id: str) -> None:
+    arr = request(c, "GET", f"/v1/arrays/{array_id}")
+    cap = f"  at most {arr['max_running']} at once" if arr.get("max_running") else ""
+    console.print(f"[bold]{arr['id']}[/] {arr['name']}  queue={arr['queue']} "
+                  f"tenant={arr['tenant']}  array {arr['indices']} ({arr['size']} jobs){cap}")
+    t = Table("state", "jobs", title="elements")
+    for state, n in sorted(arr["states"].items()):
+        t.add_row(state, str(n))
+    console.print(t)
+
+
+def describe(job_id: str, url: UrlOpt = None, token: TokenOpt = None) -> None:
+    """A job's state, placement and the history of its transitions with reasons (for a
+    job array: its elements counted by state)."""
+    with client(url, token) as c:
+        if is_array_id(job_id):
+            _describe_array(c, job_id)
+            return
+        job = request(c, "GET", f"/v1/jobs/{job_id}")
+    console.print(f"[bold]{job['id']}[/] {job['name']}  queue={job['queue']} "
+                  f"tenant={job['tenant']}  state=[bold]{job['state']}[/] ({job['reason']}) "
+                  f"attempt={job['attempt']}")
+    if job.get("waiting"):  # still in its queue: why, and when it may start
+        w = job["waiting"]
+        eta = f", estimated start {w['estimated_start'][:19]}" if w.get("estimated_start") else ""
+        console.print(f"waiting in queue {w['queue']}: position {w['position']}, "
+                      f"{w['reason']} ({w['detail']}){eta}")
+    if job.get("placement_wait"):  # admitted: why the scheduler has not placed it yet
+        w = job["placement_wait"]
+        eta = f", estimated start {w['estimated_start'][:19]}" if w.get("estimated_start") else ""
+        console.print(f"waiting for GPUs: {w['reason']} ({w['detail']}){eta}")
+    if job.get("placement"):
+        t = Table("task", "node", "gpus", title="placement")
+        for p in job["placement"]:
+            gpus = ", ".join(
+                f"{g['index']}" + (f" ({g['memory_mib']} MiB, {g['compute_pct']}%)"
+                                   if g.get("memory_mib") else "") for g in p["gpus"])
+            t.add_row(p["task_id"], p["node_id"], gpus or "-")
+        console.print(t)
+    t = Table("time", "state", "task", "node", "reason", "exit", title="history")
+    for h in job["history"]:
+        t.add_row(h["occurred_at"][11:23], h["state"], h.get("task") or "job",
+                  h.get("node_id") or "", h["reason"],
+                  "" if h.get("exit_code") is None else str(h["exit_code"]))
+    console.print(t)
+
+
+JOB_COLUMNS = (
+    Col("job", field("id"), whole=True),  # ids stay whole: they are copied
+    Col("name", field("name")),
+    Col("queue", field("queue")),
+    Col("user", field("user")),
+    Col("tenant", field("tenant"), wide=True),
+    Col("state", field("state")),
+    Col("attempt", field("attempt")),
+    Col("reason", field("reason")),
+    Col("exit", field("exit_code"), wide=True),
+    Col("submitted", timestamp("submitted_at")),
+    Col("updated", timestamp("updated_at"), wide=True),
+)
+
+
+def jobs(
+    state: Annotated[str | None, typer.Option(help="only jobs in this state")] = None,
+    queue: Annotated[str | None, typer.Option(help="only jobs of this queue")] = None,
+    user: Annotated[str | None, typer.Option(help="only jobs this user submitted")] = None,
+    tenant: Annotated[str | None, typer.Option(help="only this tenant's jobs (admin)")] = None,
+    array: Annotated[str | None, typer.Option(help="only this job array's elements")] = None,
+    limit: Annotated[int, typer.Option(help="at most this many", min=1)] = 50,
+    output: OutputOpt = None, url: UrlOpt = None, token: TokenOpt = None,
+) -> None:
+    """Jobs with their state (like squeue / vcctl job list)."""
+    params: dict[str, Any] = {k: v for k, v in (
+        ("state", state), ("queue", queue), ("user", user), ("tenant", tenant),
+        ("array", array)) if v}
+    items: list[dict[str, Any]] = []
+    with client(url, token) as c:
+        while len(items) < limit:  # page by cursor: stable while jobs come and go
+            page = request(c, "GET", "/v1/jobs",
+                           params={**params, "limit": min(500, limit - len(items))})
+            items += page["items"]
+            if not page.get("next_cursor"):
+                break
+            params["cursor"] = page["next_cursor"]
+    show(console, items, JOB_COLUMNS, output)
+
+
+def cancel(job_id: str, url: UrlOpt = None, token: TokenOpt = None) -> None:
+    """Cancel a job, or every element of a job array not ended yet (like scancel)."""
+    with client(url, token) as c:
+        if is_array_id(job_id):
+            arr = request(c, "DELETE", f"/v1/arrays/{job_id}")
+            console.print(f"cancel requested for {arr['cancelled']} jobs of array {job_id}")
+            return
+        request(c, "DELETE", f"/v1/jobs/{job_id}")
+    console.print(f"cancel requested for {job_id}")
+
+
+DEMO_DIR = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _demo_jobs(n: int, seed: int = 7) -> list[bytes]:
+    files = sorted(DEMO_DIR.glob("*.yaml"))
+    rnd = random.Random(seed)
+    out = []
+    for _ in range(n):
+        spec = yaml.safe_load(rnd.choice(files).read_text())
+        spec["duration"] = rnd.choice([3, 5, 8, 13])
+        out.append(json.dumps(spec).encode())
+    return out
+
+
+def demo(count: Annotated[int, typer.Option(help="jobs to submit")] = 20,
+         url: UrlOpt = None, token: TokenOpt = None) -> None:
+    """Submit a mix of the example jobs so you can watch them flow."""
+    with client(url, token) as c:
+        for body in _demo_jobs(count):
+            job = request(c, "POST", "/v1/jobs", content=body,
+                          headers={"Content-Type": "application/json"})
+            console.print(f"submitted {job['id']} {job['name']}")

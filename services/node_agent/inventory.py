@@ -1,0 +1,25 @@
+"""The node as the scheduler sees it: its resources, and its GPUs from the device backend."""
+
+from __future__ import annotations
+
+from services.node_agent.devices.base import DeviceBackend
+from shared.events import GpuInfo, NodeInventory
+
+
+def node_inventory(node_id: str, devices: DeviceBackend, cpu_milli: int,
+                   memory_mib: int, rack: str, runtime: str = "simulated",
+                   address: str = "127.0.0.1", agent_url: str = "",
+                   datasets: list[str] | None = None) -> NodeInventory:
+    return NodeInventory(
+        node_id=node_id, hostname=node_id, address=address, cpu_milli=cpu_milli,
+        memory_mib=memory_mib, rack=rack, runtime=runtime, agent_url=agent_url,
+        datasets=datasets or [],
+        gpus=[GpuInfo(index=d.index, uuid=d.uuid, model=d.model, memory_mib=d.memory_mib,
+                      nvlink_domain=d.nvlink_domain, nvlink_peers=list(d.nvlink_peers))
+              for d in devices.devices()])
+
+
+def gpu_memory_mib(inventory: NodeInventory, index: int) -> int:
+    """The memory of GPU ``index`` (0 for a GPU the node does not have)."""
+    gpus = {g.index: g.memory_mib for g in inventory.gpus}
+    return gpus.get(index, 0)

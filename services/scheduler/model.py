@@ -1,0 +1,161 @@
+"""What the scheduler holds: jobs, the tasks they placed, nodes, and what handling produced.
+
+``Cluster`` is the one record every part of the state (lifecycle, nodes, resizes,
+bindings, snapshot) reads and changes; ``Output`` collects what a batch of events made
+the scheduler publish and persist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduling import GpuUse
+from shared.events import (
+    Envelope,
+    Event,
+    JobReady,
+    JobState,
+    NodeInventory,
+    NodeSchedulability,
+    NodeTelemetry,
+)
+from shared.topics import topic_for
+
+SOURCE = "scheduler"
+TERMINAL = {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED}
+DEFAULT_GRACE_S = 30.0  # checkpoint grace when the core gives none (JobRequest's default)
+# Node losses are not the job's failures and do not spend its maxRetry; but a job whose
+# nodes keep dying under it may be what kills them, so this many losses fail it.
+MAX_NODE_LOSSES = 10
+
+
+@dataclass
+class Placed:
+    """One task of one attempt on a node; holds its resources until it is terminal."""
+
+    task_id: str
+    task_name: str
+    replica: int
+    rank: int
+    node_id: str
+    gpus: tuple[GpuUse, ...]
+    cpu_milli: int
+    memory_mib: int
+    attempt: int
+    state: JobState = JobState.BOUND
+    removed: bool = False  # a shrink asked it to stop; the job goes on without it
+
+    @property
+    def core_id(self) -> str:
+        """The id the scheduling core knows it by (``<task>-<replica>``). ``task_id`` is
+        unique per incarnation: a replica grown again after a shrink gets a new one."""
+        return f"{self.task_name}-{self.replica}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**{k: getattr(self, k) for k in (
+            "task_id", "task_name", "replica", "rank", "node_id", "cpu_milli", "memory_mib",
+            "attempt", "removed")}, "state": self.state.value,
+            "gpus": [[g.index, g.memory_mib, g.compute_pct] for g in self.gpus]}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Placed:
+        return cls(**{**d, "state": JobState(d["state"]),
+                      "gpus": tuple(GpuUse(*g) for g in d["gpus"])})
+
+
+@dataclass
+class SchedJob:
+    job_id: str
+    ready: JobReady | None  # None for a tombstone (cancel seen before the job)
+    state: JobState
+    attempt: int
+    seq: int  # arrival order, for FIFO among pending jobs
+    placed: list[Placed] = field(default_factory=list)  # includes tasks of older attempts
+    cancel_requested: bool = False
+    bound_at: float | None = None  # when the current attempt was placed (scheduler clock)
+    preempted_by: str = ""  # set while its tasks are asked to stop for another job
+    targets: dict[str, int] = field(default_factory=dict)  # user resize: replicas per group
+    resizes: int = 0  # resizes so far (deterministic ids of their events and new tasks)
+    cancel_reason: str = ""  # the job's final reason when a cancel ends it ("returned")
+    drain_requeue: bool = False  # stopping for a node drain: requeue without spending a retry
+    requeues: int = 0  # attempts that a drain started again (not counted against maxRetry)
+    reclaimed: str = ""  # queueing took its quota back: when stopped it returns to its queue
+    node_losses: int = 0  # attempts ended by a lost node (requeued, not counted as retries)
+
+    def live(self) -> Iterator[Placed]:
+        return (p for p in self.placed if p.state not in TERMINAL)
+
+    def current(self) -> list[Placed]:
+        """The tasks of the current attempt, less those a shrink removed."""
+        return [p for p in self.placed if p.attempt == self.attempt and not p.removed]
+
+    def active(self, task_name: str | None = None) -> list[Placed]:
+        """Current tasks still holding resources (of one group, or all)."""
+        return [p for p in self.current() if p.state not in TERMINAL
+                and (task_name is None or p.task_name == task_name)]
+
+
+@dataclass
+class NodeView:
+    inventory: NodeInventory
+    lost: bool = False
+    degraded_gpus: frozenset[int] = frozenset()
+    cordon: str = ""  # "" | "cordoned" | "draining": an operator's command
+    cordon_generation: int = 0  # of the last command applied (replays are ignored)
+    cordon_reason: str = ""
+    drained: bool = False  # draining and nothing of ours runs there any more (announced)
+    datasets: frozenset[str] | None = None  # from heartbeats; None = the inventory's
+
+    def current_datasets(self) -> frozenset[str]:
+        return self.datasets if self.datasets is not None \
+            else frozenset(self.inventory.datasets)
+
+    @property
+    def scheduling(self) -> NodeSchedulability:
+        if self.cordon == "draining":
+            return NodeSchedulability.DRAINED if self.drained else NodeSchedulability.DRAINING
+        return NodeSchedulability.CORDONED if self.cordon else NodeSchedulability.SCHEDULABLE
+
+
+class Cluster:
+    """The nodes and jobs the scheduler holds, shared by every part of its state."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.nodes: dict[str, NodeView] = {}
+        self.jobs: dict[str, SchedJob] = {}
+        self.telemetry: dict[str, NodeTelemetry] = {}
+        self.finished: set[str] = set()  # ended jobs, evicted from ``jobs`` once persisted
+        self.needs_cycle = True
+        # raised whenever what the core's node table holds changes (``SnapshotBuilder``)
+        self.nodes_version = 0
+        self.seq = 0
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def nodes_changed(self) -> None:
+        """A node's inventory, health, cordon or reachability changed: rebuild the core's
+        node table and run a cycle."""
+        self.nodes_version += 1
+        self.needs_cycle = True
+
+
+@dataclass
+class Output:
+    """What handling produced: events to publish and the jobs whose rows changed."""
+
+    events: list[tuple[Envelope, str]] = field(default_factory=list)
+    dirty_jobs: set[str] = field(default_factory=set)
+    dirty_nodes: set[str] = field(default_factory=set)
+    # appended to fixed event ids: a resend within one epoch (the broker came back
+    # empty) needs ids of its own, or the outbox takes it for the first send
+    id_suffix: str = ""
+
+    def emit(self, event: Event, source: str, event_id: str | None = None) -> None:
+        if event_id is not None:
+            event_id += self.id_suffix
+        self.events.append((Envelope.wrap(event, source, event_id), topic_for(event).name))

@@ -1,0 +1,99 @@
+"""Event contracts: one frozen pydantic model per event type, inside one envelope.
+
+Every message on every topic is an :class:`Envelope` serialised as JSON whose ``data``
+is the event its ``type`` names (``EVENT_TYPES``). The models live by subject:
+``jobs``, ``bindings``, ``nodes``, ``queues``, ``system`` (dead letters, the broker's
+incarnation); ``envelope`` holds the wire format and the registry. This package
+exports them all: import from ``shared.events``.
+"""
+
+from shared.events.base import Event, utcnow
+from shared.events.bindings import (
+    Binding,
+    BindingAction,
+    BindingRefused,
+    ClusterMember,
+    GpuAssignment,
+    TaskBinding,
+)
+from shared.events.envelope import EVENT_TYPES, Envelope
+from shared.events.jobs import (
+    FENCED,
+    RETURNED,
+    TIME_LIMIT_REACHED,
+    CommandAction,
+    Connection,
+    JobCommand,
+    JobReady,
+    JobState,
+    JobStatus,
+    JobSubmitted,
+    JobWaiting,
+)
+from shared.events.nodes import (
+    GpuHealth,
+    GpuInfo,
+    GpuTelemetry,
+    NodeAction,
+    NodeCommand,
+    NodeHeartbeat,
+    NodeInventory,
+    NodeLost,
+    NodeRegistered,
+    NodeSchedulability,
+    NodeSchedulingChanged,
+    NodeTelemetry,
+)
+from shared.events.queues import (
+    QueueAction,
+    QueueChanged,
+    QueueCommand,
+    QueueRefusal,
+    QueueStatus,
+    WaitingJob,
+)
+from shared.events.system import BrokerIncarnation, DeadLetter
+
+__all__ = [
+    "EVENT_TYPES",
+    "FENCED",
+    "RETURNED",
+    "TIME_LIMIT_REACHED",
+    "Binding",
+    "BindingAction",
+    "BindingRefused",
+    "BrokerIncarnation",
+    "ClusterMember",
+    "CommandAction",
+    "Connection",
+    "DeadLetter",
+    "Envelope",
+    "Event",
+    "GpuAssignment",
+    "GpuHealth",
+    "GpuInfo",
+    "GpuTelemetry",
+    "JobCommand",
+    "JobReady",
+    "JobState",
+    "JobStatus",
+    "JobSubmitted",
+    "JobWaiting",
+    "NodeAction",
+    "NodeCommand",
+    "NodeHeartbeat",
+    "NodeInventory",
+    "NodeLost",
+    "NodeRegistered",
+    "NodeSchedulability",
+    "NodeSchedulingChanged",
+    "NodeTelemetry",
+    "QueueAction",
+    "QueueChanged",
+    "QueueCommand",
+    "QueueRefusal",
+    "QueueStatus",
+    "TaskBinding",
+    "WaitingJob",
+    "utcnow",
+]

@@ -24,7 +24,9 @@ from kairos import (
 )
 from sim.cli import app as sim_app
 
-app = typer.Typer(help="Kairos: a GPU scheduler for deep-learning training.", no_args_is_help=True)
+# markdown: a docstring wrapped over several lines reads as one paragraph in --help
+app = typer.Typer(help="Kairos: a GPU scheduler for deep-learning training.", no_args_is_help=True,
+                  rich_markup_mode="markdown")
 
 # the platform on this machine
 app.command()(cli_stack.up)

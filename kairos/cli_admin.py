@@ -15,7 +15,7 @@ import typer
 from kairos.cli_common import console, err, profile_value
 
 admin_app = typer.Typer(help="Operator tools that work on the broker and the database.",
-                        no_args_is_help=True)
+                        no_args_is_help=True, rich_markup_mode="markdown")
 
 BootstrapOpt = Annotated[str | None, typer.Option(
     "--bootstrap", help="Kafka bootstrap (default $KAIROS_KAFKA_BOOTSTRAP or the running "

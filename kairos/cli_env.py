@@ -11,7 +11,7 @@ from kairos.cli_common import TokenOpt, UrlOpt, client, console, err, request
 from kairos.cli_output import Col, OutputOpt, field, show, timestamp
 
 env_app = typer.Typer(help="Interactive GPU environments: request, list, return.",
-                      no_args_is_help=True)
+                      no_args_is_help=True, rich_markup_mode="markdown")
 
 
 def _where(e: dict[str, Any]) -> str:

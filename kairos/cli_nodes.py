@@ -11,7 +11,7 @@ from kairos.cli_common import TokenOpt, UrlOpt, client, console, request
 from kairos.cli_output import Col, OutputOpt, field, show, timestamp
 
 node_app = typer.Typer(help="Node operations (admin): cordon, drain, uncordon.",
-                       no_args_is_help=True)
+                       no_args_is_help=True, rich_markup_mode="markdown")
 
 ReasonOpt = Annotated[str, typer.Option(help="why (shown by `kairos nodes`)")]
 

@@ -13,7 +13,7 @@ from kairos.cli_common import TokenOpt, UrlOpt, client, console, err, request
 from kairos.cli_output import Col, OutputOpt, field, show
 
 queue_app = typer.Typer(help="Queues and their quota (admin): create, update, close, drain, "
-                        "open.", no_args_is_help=True)
+                        "open.", no_args_is_help=True, rich_markup_mode="markdown")
 
 
 def _num(v: float | None) -> str:

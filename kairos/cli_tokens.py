@@ -11,7 +11,7 @@ from kairos.cli_output import Col, OutputOpt, field, show, timestamp
 from shared.durations import parse_duration
 
 token_app = typer.Typer(help="API tokens per tenant (admin): create, list, revoke.",
-                        no_args_is_help=True)
+                        no_args_is_help=True, rich_markup_mode="markdown")
 
 
 @token_app.command("create")

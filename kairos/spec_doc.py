@@ -4,9 +4,8 @@ description. ``python -m kairos.spec_doc`` prints it, ``--write`` replaces the s
 between the markers in README.md; ``tests/kairos/test_spec_doc.py`` fails when the two
 differ.
 
-Descriptions come from the model's ``Field(description=...)``; the fields that have none
-there are described in ``DERIVED`` below, read from the validators and the services that
-use them.
+Descriptions come from the model's ``Field(description=...)`` (the same text the API's
+OpenAPI document shows); a field without one fails the generator.
 """
 
 from __future__ import annotations
@@ -31,35 +30,6 @@ REGENERATE = ".venv/bin/python -m kairos.spec_doc --write"
 # each model's fields, under the path a spec writes them at
 SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("", JobSpec), ("tasks[].", TaskSpec), ("tasks[].resources.", Resources))
-
-# fields the model leaves undescribed (keyed by path)
-DERIVED = {
-    "apiVersion": "the spec's version; only kairos/v1 is understood",
-    "name": "the job's name: lowercase letters, digits and '-' (a DNS label)",
-    "queue": "the queue it waits in for quota (a DNS label); `kairos queues` lists them",
-    "priorityClass": "counts most in the order jobs start, ahead of `priority`; a job of a "
-                     "higher class may preempt preemptible work of a lower one",
-    "minAvailable": "the gang: replicas that must start together (default: all of them)",
-    "maxRetry": "times a failed attempt is started again; preemptions, drains and lost "
-                "nodes do not count",
-    "preemptible": "false: once running, it is never stopped to make room for other work "
-                   "(nor reclaimed when it borrowed quota)",
-    "labels": "free-form key/value text kept with the job",
-    "tasks": "the job's tasks (roles), each with its replicas; names unique",
-    "tasks[].name": "the task's name: a DNS label, unique in the job",
-    "tasks[].replicas": "copies of the task (elastic: the size it starts with)",
-    "tasks[].image": "container image the replicas run",
-    "tasks[].env": "environment variables of each replica",
-    "tasks[].resources": "what each replica needs (the fields below)",
-}
-# more than the model's terse description says
-NOTES = {
-    "timeLimit": "a task running this long is stopped: a batch job fails, an Interactive "
-                 "one ends (required for Interactive)",
-    "runtimeEstimate": "lets the scheduler start short work first and backfill around "
-                       "waiting gangs",
-}
-
 
 def type_name(annotation: Any) -> str:
     """A reader's name for a field's type: int, list of str, one of low|normal ..."""
@@ -123,12 +93,10 @@ def rows() -> list[tuple[str, str, str, str]]:
             path = prefix + (info.alias or name)
             kind = type_name(info.annotation)
             bound = limits(info)
-            text = info.description or DERIVED.get(path)
+            text = info.description
             if text is None:
                 raise LookupError(f"{model.__name__}.{name} ({path}) has no description: "
-                                  "add one to the model or to DERIVED in kairos/spec_doc.py")
-            if path in NOTES:
-                text = f"{text}; {NOTES[path]}"
+                                  "add one to its Field in shared/jobspec.py")
             out.append((path, kind + (f", {bound}" if bound else ""), default(info), text))
     return out
 

@@ -81,17 +81,22 @@ class Resources(_Spec):
 
 
 class TaskSpec(_Spec):
-    name: Annotated[str, Field(min_length=1, max_length=63)]
+    name: Annotated[str, Field(min_length=1, max_length=63,
+                               description="the task's name: a DNS label, unique in the job")]
     role: Text | None = Field(default=None, description="ps, worker, chief...; defaults to name")
-    replicas: Annotated[int, Field(ge=1, le=1024)] = 1
+    replicas: Annotated[int, Field(
+        ge=1, le=1024, description="copies of the task (elastic: the size it starts with)")] = 1
     min_replicas: Annotated[int | None, Field(
         ge=1, le=1024, description="elastic: fewest replicas the job runs with")] = None
     max_replicas: Annotated[int | None, Field(
         ge=1, le=1024, description="elastic: most replicas the job grows to")] = None
-    image: Text = "kairos/simulated:latest"
+    image: Text = Field(default="kairos/simulated:latest",
+                        description="container image the replicas run")
     command: list[Text] = Field(default_factory=list, description="argv: run as is, no shell")
-    env: dict[EnvName, Text] = Field(default_factory=dict)
-    resources: Resources = Field(default_factory=Resources)
+    env: dict[EnvName, Text] = Field(default_factory=dict,
+                                     description="environment variables of each replica")
+    resources: Resources = Field(default_factory=Resources,
+                                 description="what each replica needs (the fields below)")
 
     @field_validator("name")
     @classmethod
@@ -137,30 +142,45 @@ JOB_KINDS = ("Job", "Interactive")
 
 
 class JobSpec(_Spec):
-    api_version: str = Field(default="kairos/v1")
+    api_version: str = Field(default="kairos/v1",
+                             description="the spec's version; only kairos/v1 is understood")
     kind: str = Field(default="Job", description="Job (batch) or Interactive (an environment "
                       "held until returned or its timeLimit)")
-    name: Annotated[str, Field(min_length=1, max_length=63)]
-    queue: Annotated[str, Field(min_length=1, max_length=63)] = "default"
-    priority_class: PriorityClass = PriorityClass.NORMAL
+    name: Annotated[str, Field(min_length=1, max_length=63, description=(
+        "the job's name: lowercase letters, digits and '-' (a DNS label)"))]
+    queue: Annotated[str, Field(min_length=1, max_length=63, description=(
+        "the queue it waits in for quota (a DNS label); `kairos queues` lists them"))] = "default"
+    priority_class: PriorityClass = Field(default=PriorityClass.NORMAL, description=(
+        "counts most in the order jobs start, ahead of `priority`; a job of a higher class "
+        "may preempt preemptible work of a lower one"))
     priority: Annotated[int, Field(ge=-1000, le=1000, description="user priority")] = 0
-    min_available: Annotated[int | None, Field(ge=1)] = None
-    max_retry: Annotated[int, Field(ge=0, le=100)] = 3
-    time_limit: Annotated[int | None, Field(ge=1, le=MAX_SECONDS, description="seconds")] = None
+    min_available: Annotated[int | None, Field(ge=1, description=(
+        "the gang: replicas that must start together (default: all of them)"))] = None
+    max_retry: Annotated[int, Field(ge=0, le=100, description=(
+        "times a failed attempt is started again; preemptions, drains and lost nodes do "
+        "not count"))] = 3
+    time_limit: Annotated[int | None, Field(ge=1, le=MAX_SECONDS, description=(
+        "seconds: a task running this long is stopped: a batch job fails, an Interactive "
+        "one ends (required for Interactive)"))] = None
     duration: Annotated[
         float | None, Field(ge=0, le=MAX_SECONDS, description="simulated run length, seconds")
     ] = None
-    runtime_estimate: Annotated[float | None, Field(ge=0, le=MAX_SECONDS,
-                                                    description="seconds")] = None
-    preemptible: bool = True
+    runtime_estimate: Annotated[float | None, Field(ge=0, le=MAX_SECONDS, description=(
+        "seconds: lets the scheduler start short work first and backfill around waiting "
+        "gangs"))] = None
+    preemptible: bool = Field(default=True, description=(
+        "false: once running, it is never stopped to make room for other work (nor "
+        "reclaimed when it borrowed quota)"))
     dataset: Annotated[str | None, Field(
         max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$",
         description="the dataset it reads: nodes whose local cache holds it are preferred")] = None
-    labels: dict[Text, Text] = Field(default_factory=dict)
+    labels: dict[Text, Text] = Field(default_factory=dict,
+                                     description="free-form key/value text kept with the job")
     array: Annotated[str | None, Field(max_length=4096, description=(
         "a job array, as Slurm's --array: 0-999, 1,3,5-7, 0-15:4, and %N to run at most "
         "N elements at once (0-999%50); each index is a job of its own"))] = None
-    tasks: Annotated[list[TaskSpec], Field(min_length=1, max_length=MAX_TASKS)]
+    tasks: Annotated[list[TaskSpec], Field(min_length=1, max_length=MAX_TASKS, description=(
+        "the job's tasks (roles), each with its replicas; names unique"))]
 
     @field_validator("name", "queue")
     @classmethod

@@ -14,7 +14,7 @@ import typer
 from sim.traces import MURI, OPENB, PHILLY, TimeUnit
 
 app = typer.Typer(help="Trace-driven simulator: the same scheduling core, replayed over public traces.",
-                  no_args_is_help=True)
+                  no_args_is_help=True, rich_markup_mode="markdown")
 
 POLICY_HELP = "FIFO, SJF-oracle (or SJF), Tiresias, DRF, Kairos (repeat the option)"
 TIME_UNIT_HELP = ("unit of the CSV's times (default: the format's, Philly s, Muri ms; a file whose times "

@@ -35,6 +35,7 @@ def create_app(settings: AdmissionSettings, engine: AsyncEngine, ready: ReadyChe
         version="1",
         description="Submit GPU training jobs, follow them, and see the cluster.",
         docs_url=None,  # add_docs serves it from the packaged Swagger UI: works offline
+        redoc_url=None,  # ReDoc loads from a CDN only; add_docs points /redoc at /docs
     )
     add_docs(app)
     # what the dependencies (deps.py) hand the routes: one of each per app

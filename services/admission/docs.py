@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from swagger_ui_bundle import swagger_ui_path
 
@@ -20,7 +20,14 @@ async def _docs(request: Request) -> HTMLResponse:
         swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png")
 
 
+async def _redoc() -> RedirectResponse:
+    return RedirectResponse("/docs")
+
+
 def add_docs(app: FastAPI) -> None:
-    """Serve Swagger UI and its assets (create the app with ``docs_url=None``)."""
+    """Serve Swagger UI and its assets (create the app with ``docs_url=None`` and
+    ``redoc_url=None``); ``/redoc``, whose page would load ReDoc from a CDN and stay
+    blank offline, sends the reader to ``/docs``."""
     app.mount(DOCS_ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="swagger-ui")
     app.add_api_route("/docs", _docs, methods=["GET"], include_in_schema=False)
+    app.add_api_route("/redoc", _redoc, methods=["GET"], include_in_schema=False)

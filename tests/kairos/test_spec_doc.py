@@ -43,6 +43,7 @@ def test_write_replaces_only_the_section(tmp_path: Path) -> None:
 
 
 def test_a_field_without_a_description_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delitem(spec_doc.DERIVED, "preemptible")
+    from shared.jobspec import JobSpec
+    monkeypatch.setattr(JobSpec.model_fields["preemptible"], "description", None)
     with pytest.raises(LookupError, match="preemptible"):
         spec_doc.rows()

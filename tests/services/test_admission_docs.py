@@ -53,3 +53,10 @@ async def test_docs_reference_no_external_host_and_their_assets_answer(
     openapi = re.search(r"""url: ['"]([^'"]+)['"]""", page)
     assert openapi and openapi[1] == "/openapi.json"
     assert (await http.get(openapi[1])).json()["info"]["title"] == "Kairos gateway"
+
+
+async def test_redoc_which_would_load_from_a_cdn_sends_the_reader_to_docs(
+        http: httpx.AsyncClient) -> None:
+    r = await http.get("/redoc")
+    assert r.status_code == 307 and r.headers["location"] == "/docs"
+    assert "/redoc" not in (await http.get("/openapi.json")).json()["paths"]

@@ -30,9 +30,13 @@ def wait(what: str, fetch: Any, done: Any, timeout: float = 90) -> Any:
 
 
 def test_a_node_back_from_lost_stops_its_stale_task(stack: Stack) -> None:
+    # The agent's own lease would fence its task on resume (it was silent past
+    # fence_after_s) in a race with the scheduler's answer; this test is about the answer,
+    # the safety net for an agent that could not fence (a frozen VM), so its lease is long.
     extra = stack.start_service("node-agent#returning", module="services.node_agent",
                                 extra_env={"KAIROS_NODE_ID": NODE, "KAIROS_SIM_NODES": "1",
                                            "KAIROS_SIM_GPUS_PER_NODE": "8",
+                                           "KAIROS_FENCE_AFTER_S": "600",
                                            "KAIROS_STATE_DIR": str(stack.workdir / "agents")})
     h = {"Authorization": f"Bearer {stack.token}"}
     with httpx.Client(base_url=stack.url, headers=h, timeout=30) as c:
@@ -54,35 +58,37 @@ def test_a_node_back_from_lost_stops_its_stale_task(stack: Stack) -> None:
                     return str(job_id)
             return None
 
-        victim = wait("no job ran on the node", ours, lambda v: v is not None)
-        os.kill(extra.popen.pid, signal.SIGSTOP)  # silent, but its task still "runs"
         try:
-            wait("never declared lost", nodes, lambda ns: ns[NODE]["state"] == "lost")
-            wait("never requeued", lambda: c.get(f"/v1/jobs/{victim}").json(),
-                 lambda j: j["attempt"] == 2)
-        finally:
-            os.kill(extra.popen.pid, signal.SIGCONT)
+            victim = wait("no job ran on the node", ours, lambda v: v is not None)
+            os.kill(extra.popen.pid, signal.SIGSTOP)  # silent, but its task still "runs"
+            try:
+                wait("never declared lost", nodes, lambda ns: ns[NODE]["state"] == "lost")
+                wait("never requeued", lambda: c.get(f"/v1/jobs/{victim}").json(),
+                     lambda j: j["attempt"] == 2)
+            finally:
+                os.kill(extra.popen.pid, signal.SIGCONT)
 
-        def history() -> list[dict[str, Any]]:
-            return list(c.get(f"/v1/jobs/{victim}").json()["history"])
+            def history() -> list[dict[str, Any]]:
+                return list(c.get(f"/v1/jobs/{victim}").json()["history"])
 
-        events = wait("the stale task was not stopped", history, lambda hs: any(
-            e["task"] == "w-0" and e["attempt"] == 1 and e["state"] == "cancelled"
-            for e in hs))
-        stale = next(e for e in events if e["task"] == "w-0" and e["attempt"] == 1
-                     and e["state"] == "cancelled")
-        assert stale["node_id"] == NODE
-        assert stale["reason"].startswith(
-            "no longer owned: node back after it was declared lost")
-        # the node is back: the requeued attempt is placed (ours is the free node) and runs
-        job = wait("the new attempt never ran", lambda: c.get(f"/v1/jobs/{victim}").json(),
-                   lambda j: j["state"] == "running" and j["attempt"] == 2)
-        assert nodes()[NODE]["state"] == "ready"
-        again = [p for p in job["placement"] if p["attempt"] == 2]
-        assert [p["node_id"] for p in again] == [NODE]  # bound after the answer: left alone
-        assert [e["state"] for e in history() if e["attempt"] == 2 and e["task"]] == ["running"]
-        for job_id in ids:
-            c.delete(f"/v1/jobs/{job_id}")
+            events = wait("the stale task was not stopped", history, lambda hs: any(
+                e["task"] == "w-0" and e["attempt"] == 1 and e["state"] == "cancelled"
+                for e in hs))
+            stale = next(e for e in events if e["task"] == "w-0" and e["attempt"] == 1
+                         and e["state"] == "cancelled")
+            assert stale["node_id"] == NODE
+            assert stale["reason"].startswith(
+                "no longer owned: node back after it was declared lost")
+            # the node is back: the requeued attempt is placed (ours is the free node) and runs
+            job = wait("the new attempt never ran", lambda: c.get(f"/v1/jobs/{victim}").json(),
+                       lambda j: j["state"] == "running" and j["attempt"] == 2)
+            assert nodes()[NODE]["state"] == "ready"
+            again = [p for p in job["placement"] if p["attempt"] == 2]
+            assert [p["node_id"] for p in again] == [NODE]  # bound after the answer: left alone
+            assert [e["state"] for e in history() if e["attempt"] == 2 and e["task"]] == ["running"]
+        finally:  # a failure must not leave every node held for the tests after it
+            for job_id in ids:
+                c.delete(f"/v1/jobs/{job_id}")
         wait("the jobs never ended", lambda: [c.get(f"/v1/jobs/{j}").json()["state"]
                                               for j in ids],
              lambda states: set(states) == {"cancelled"})

@@ -53,21 +53,23 @@ class DurationHistory:
         self.by_key: dict[Key, list[float]] = {}
         self.by_size: dict[int, list[float]] = {}
         self.every: list[float] = []
+        self.gpu_s = 0.0  # GPU-seconds of every finished job
         self.quantiles = quantiles
 
     def learn(self, tenant: str, gpus: int, duration_s: float) -> None:
         self.by_key.setdefault((tenant, gpus), []).append(duration_s)
         self.by_size.setdefault(gpus, []).append(duration_s)
         self.every.append(duration_s)
+        self.gpu_s += gpus * duration_s
 
     def estimate(self, tenant: str, gpus: int) -> float | None:
         """The policy's estimate: the median of the last ``HISTORY`` similar jobs."""
         xs = self.by_key.get((tenant, gpus)) or self.by_size.get(gpus)
         return statistics.median(xs[-HISTORY:]) if xs else None
 
-    def mean(self) -> float | None:
-        """Mean duration of every finished job (the naive forecast's unit of work)."""
-        return statistics.fmean(self.every) if self.every else None
+    def mean_gpu_s(self) -> float | None:
+        """Mean GPU-seconds of a finished job (the naive forecast's unit of work)."""
+        return self.gpu_s / len(self.every) if self.every else None
 
     def spread(self, tenant: str, gpus: int, ran_s: float = 0.0, point: float | None = None) -> Spread | None:
         """Time left of a job that has run ``ran_s``: the (low, high) quantiles of

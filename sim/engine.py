@@ -137,6 +137,7 @@ class Simulation:
         self.used = 0  # GPUs held by self.runs
         self.waiting: Counter[int] = Counter()  # pending jobs by GPU count
         self.ticking = False
+        self.next_cycle = 0.0
 
     # --- events ---------------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: object) -> None:
@@ -156,10 +157,10 @@ class Simulation:
         for ft, node, down in self.s.node_failures:
             self._push(ft, _FAIL, (node, down))
         res = SimResult(self.all, capacity_gpus=self.capacity, settings=self.s)
-        next_cycle = 0.0
+        self.next_cycle = 0.0  # no cycle before this simulated time (cycle_s)
         now = 0.0
         while self.events:
-            now = max(self.events[0][0], next_cycle) if self.s.cycle_s else self.events[0][0]
+            now = max(self.events[0][0], self.next_cycle) if self.s.cycle_s else self.events[0][0]
             if now > self.s.max_time_s:
                 break
             if self.watch is not None:
@@ -174,7 +175,7 @@ class Simulation:
             if changed and self.pending and not (self.s.skip_idle_cycles and self._nothing_fits()):
                 self._cycle(now)
                 res.cycles += 1
-                next_cycle = now + self.s.cycle_s
+                self.next_cycle = now + self.s.cycle_s
                 if self.s.tick_s > 0 and self.pending and self.runs and not self.ticking:
                     self.ticking = True
                     self._push(now + self.s.tick_s, _TICK, None)

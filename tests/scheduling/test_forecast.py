@@ -106,3 +106,10 @@ def test_remaining_by_rule() -> None:
     assert remaining_by_rule(100.0, 30.0) == 70.0
     assert remaining_by_rule(100.0, 300.0) == 300.0  # past it: as long again
     assert remaining_by_rule(None, 0.0) == 3600.0
+
+
+def test_the_first_cycle_may_come_later_than_now() -> None:
+    w = World(cluster(1), now=0).start(job("r").gpus(8), n0=list(range(8)))
+    w.submit(job("w").gpus(8).submit(0))
+    assert replay(FIFO, w.snapshot(), {"r": 10}, {"w": 5}, first_cycle=45)["w"].start == 45
+    assert replay(FIFO, w.snapshot(), {"r": 50}, {"w": 5}, first_cycle=45)["w"].start == 50

@@ -73,7 +73,11 @@ def blame_cordon(s: Session) -> None:
             pend[info.job.job_id] = PendingReason.CORDONED
 
 
-MAX_TRIALS = 16  # placements tried per cycle by name_blockers: bounds what it may cost
+# name_blockers' bounds on what it may cost a cycle: shapes tried, and binds released
+# (releasing and restoring them dominates; a cycle that placed more, e.g. the first with
+# a long backlog, leaves its jobs no_fit, which they say anyway once those jobs run)
+MAX_TRIALS = 4
+MAX_RELEASED = 64
 _BEHIND = (PendingReason.PRIORITY, PendingReason.BACKFILL_BLOCKED)
 _NO_ROOM = (PendingReason.NO_FIT, PendingReason.GANG_INCOMPLETE)
 
@@ -84,8 +88,9 @@ def name_blockers(s: Session) -> None:
     earlier-ordered placement took, waits for ``priority`` behind that job; jobs of a
     shape ``why_pending`` found held off name the holder it found. Only reasons change."""
     plan = s.plan
-    if not plan.binds and not s.blockers:
-        return  # nothing placed or held this cycle: no job waits behind another
+    release = 0 < len(plan.binds) <= MAX_RELEASED
+    if not release and not s.blockers:
+        return  # nothing placed (or too much to release) nor held: nothing to name
     pend, blocked = plan.pending, plan.blocked_by
     by_job = plan.binds_by_job()  # in the order placed, which is the order tried
     placed = list(by_job)
@@ -103,7 +108,7 @@ def name_blockers(s: Session) -> None:
                 b = s.blockers.get(info.shape)
                 if b is not None:
                     blocked[job_id] = b
-            elif r in _NO_ROOM and earlier:
+            elif r in _NO_ROOM and earlier and release:
                 if info.shape not in taken:
                     if len(taken) >= MAX_TRIALS:
                         continue

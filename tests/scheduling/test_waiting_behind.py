@@ -5,7 +5,7 @@ that job; one that waits for room held by running work says ``no_fit`` (Slurm's
 from __future__ import annotations
 
 from scheduling import PendingReason, Scheduler
-from scheduling.diagnosis import MAX_TRIALS
+from scheduling.diagnosis import MAX_RELEASED, MAX_TRIALS
 from tests.scheduling.builders import World, bound, cluster, config, job
 
 PLUGINS = ("gang", "priority", "binpack")
@@ -66,3 +66,13 @@ def test_the_trials_a_cycle_spends_on_naming_are_bounded() -> None:
     plan = w.step()
     reasons = [plan.pending[f"b{i}"] for i in range(n)]
     assert reasons == [PendingReason.PRIORITY] * MAX_TRIALS + [PendingReason.NO_FIT] * 4
+
+
+def test_a_cycle_that_placed_more_than_it_may_release_leaves_no_fit() -> None:
+    n = MAX_RELEASED + 1  # one-GPU jobs ahead, then one that needs a whole node
+    nodes = n // 8 + 1
+    w = World(cluster(nodes), Scheduler(config(*PLUGINS)), now=1000.0).submit(
+        *(job(f"a{i}").klass("high").gpus(1) for i in range(n)), job("b").gpus(8))
+    plan = w.step()
+    assert len(plan.binds) == n
+    assert (plan.pending, plan.blocked_by) == ({"b": PendingReason.NO_FIT}, {})

@@ -58,7 +58,7 @@ def recorded(jobs: Sequence[HistoryJob]) -> dict[str, Any]:
     slow = _by_tenant([(j.tenant, (j.end_s - j.submit_s) / max(j.duration_s, 1e-9)) for j in ended])  # type: ignore[operator]
     return {"jobs": len(jobs), "unfinished": len(jobs) - len(ended),
             "avg_jct_s": round(float(jct.mean()), 1) if ended else None,
-            "p99_jct_s": round(float(np.percentile(jct, 99)), 1) if ended else 0.0,
+            "p99_jct_s": round(float(np.percentile(jct, 99)), 1) if ended else None,
             "avg_queue_s": round(float(np.mean([j.first_start_s - j.submit_s for j in started])), 1)  # type: ignore[operator]
             if started else None,
             "queue_s_by_tenant": _by_tenant([(j.tenant, j.first_start_s - j.submit_s) for j in started], 1),  # type: ignore[operator]
@@ -77,7 +77,11 @@ ROWS: tuple[tuple[str, str], ...] = (
 def table_rows(cols: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, list[str]]]:
     """(label, one cell per column): the figures, then queueing delay per tenant."""
     def cell(v: Any) -> str:
-        return "-" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+        if v is None:
+            return "-"
+        if isinstance(v, float):  # no exponent: 2,862,930 s, not 2.86293e+06
+            return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:g}"
+        return str(v)
 
     rows = [(label, [cell(c.get(key)) for c in cols.values()]) for key, label in ROWS]
     tenants = sorted({t for c in cols.values() for t in c["queue_s_by_tenant"]})

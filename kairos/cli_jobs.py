@@ -84,11 +84,11 @@ def describe(job_id: str, url: UrlOpt = None, token: TokenOpt = None) -> None:
         w = job["waiting"]
         eta = f", estimated start {w['estimated_start'][:19]}" if w.get("estimated_start") else ""
         console.print(f"waiting in queue {w['queue']}: position {w['position']}, "
-                      f"{w['reason']} ({w['detail']}){eta}")
+                      f"{_why(w)} ({w['detail']}){eta}")
     if job.get("placement_wait"):  # admitted: why the scheduler has not placed it yet
         w = job["placement_wait"]
         eta = f", estimated start {w['estimated_start'][:19]}" if w.get("estimated_start") else ""
-        console.print(f"waiting for GPUs: {w['reason']} ({w['detail']}){eta}")
+        console.print(f"waiting for GPUs: {_why(w)} ({w['detail']}){eta}")
     if job.get("placement"):
         t = Table("task", "node", "gpus", title="placement")
         for p in job["placement"]:
@@ -97,12 +97,18 @@ def describe(job_id: str, url: UrlOpt = None, token: TokenOpt = None) -> None:
                                    if g.get("memory_mib") else "") for g in p["gpus"])
             t.add_row(p["task_id"], p["node_id"], gpus or "-")
         console.print(t)
-    t = Table("time", "state", "task", "node", "reason", "exit", title="history")
+    t = Table("time", "state", "task", "node", "code", "reason", "exit", title="history")
     for h in job["history"]:
         t.add_row(h["occurred_at"][11:23], h["state"], h.get("task") or "job",
-                  h.get("node_id") or "", h["reason"],
+                  h.get("node_id") or "", h.get("reason_code") or "", h["reason"],
                   "" if h.get("exit_code") is None else str(h["exit_code"]))
     console.print(t)
+
+
+def _why(wait: dict[str, Any]) -> str:
+    """A wait's code, and the job it waits behind when it names one."""
+    behind = wait.get("blocked_by")
+    return f"{wait['reason']}, behind {behind}" if behind else str(wait["reason"])
 
 
 JOB_COLUMNS = (

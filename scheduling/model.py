@@ -372,6 +372,8 @@ class Plan:
     resizes: list[Resize] = field(default_factory=list)
     reservations: list[Reservation] = field(default_factory=list)
     order: list[str] = field(default_factory=list)  # pending job ids in the order tried
+    # a job pending for PRIORITY or BACKFILL_BLOCKED -> the job it waits behind
+    blocked_by: dict[str, str] = field(default_factory=dict)
 
     def binds_by_job(self) -> dict[str, list[Bind]]:
         out: dict[str, list[Bind]] = {}

@@ -7,7 +7,7 @@
 3. actions   as the config lists them (scheduling.actions): allocate (with preempt
              and backfill for blocked jobs), then grow
 4. plan      binds, preemptions, resizes, reservations and a reason for every job
-             left (scheduling.diagnosis)
+             left, naming the job it waits behind (scheduling.diagnosis)
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 from scheduling import jobcols as jc
 from scheduling.actions import Action, build_actions
 from scheduling.config import SchedulerConfig
-from scheduling.diagnosis import blame_cordon
+from scheduling.diagnosis import blame_cordon, name_blockers
 from scheduling.framework import Cycle, JobInfo, Plugin, overrides
 from scheduling.model import JobRequest, Plan, Snapshot
 from scheduling.placer import Placer
@@ -77,6 +77,7 @@ class Scheduler:
                 a.execute(s)
             for a in self.actions:
                 a.close()
+            name_blockers(s)
             if cycle.table.cordoned.any():
                 blame_cordon(s)
             return s.plan

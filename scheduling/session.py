@@ -49,6 +49,10 @@ class Session:
         self.victims: set[str] = set()  # jobs this cycle preempts
         # the failure memo: (job shape, soft) -> why it did not fit this cycle
         self.failed: dict[tuple[object, ...], PendingReason] = {}
+        # nodes held for earlier jobs (preemptors' claims, reservations), in the order
+        # held: job -> its nodes; and per job shape, the holder that kept it out
+        self.holders: dict[str, set[str]] = {}
+        self.blockers: dict[object, str] = {}
         self.memo_grew = False  # this job added to a memo or used a try (the bulk skip looks again)
         self.masks_dirty = True
         self.any_hard = self.any_soft = False
@@ -69,15 +73,22 @@ class Session:
         """Nominate the binds' nodes for a preemptor: later jobs keep off them."""
         for b in binds:
             self.hard[self.cycle.table.index[b.node_id]] = True
+            self.holders.setdefault(b.job_id, set()).add(b.node_id)
         self.masks_dirty = True
 
-    def reserve(self, node_ids: Sequence[str], start: float) -> None:
-        """Reserve nodes from ``start`` on: only jobs that end before may use them."""
+    def reserve(self, node_ids: Sequence[str], start: float, job_id: str = "") -> None:
+        """Reserve nodes for ``job_id`` from ``start`` on: only jobs that end before may
+        use them."""
         self.shadow = min(self.shadow, start)
         idx = self.cycle.table.index
         for nid in node_ids:
             self.soft[idx[nid]] = True
+        self.holders.setdefault(job_id, set()).update(node_ids)
         self.masks_dirty = True
+
+    def holder_of(self, node_ids: set[str]) -> str | None:
+        """The earliest job holding one of these nodes (claimed or reserved)."""
+        return next((j for j, held in self.holders.items() if j and held & node_ids), None)
 
     def commit(self, info: JobInfo, binds: list[Bind]) -> None:
         self.plan.binds.extend(binds)

@@ -6,6 +6,7 @@ Mounted by the main CLI as ``app.add_typer(sim.cli.app, name="sim")``.
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated
 
@@ -87,7 +88,13 @@ def compare(
 
 def load_jobs(trace: str, limit: int | None, time_unit: TimeUnit | None = None):  # type: ignore[no-untyped-def]
     """The trace's jobs; a file that cannot be read right (missing columns, times that
-    look like another unit) is a bad TRACE argument with the loader's message."""
+    look like another unit) is a bad TRACE argument with the loader's message. A
+    ``kairos sim export`` file gives its jobs that ran, as a plain trace (total GPUs,
+    tenant; a GPU share counts as one GPU, as in the public traces): ``sim replay``
+    keeps their exact shapes."""
+    from dataclasses import replace
+
+    from sim.history_trace import is_history, load_history
     from sim.traces import TraceError, load_muri, load_philly, synthetic
 
     if trace == "synthetic":
@@ -101,6 +108,9 @@ def load_jobs(trace: str, limit: int | None, time_unit: TimeUnit | None = None):
         if trace.startswith("muri-"):
             return load_muri(MURI / f"{trace[5:]}.csv", limit, time_unit)
         path = Path(trace)
+        if is_history(path):
+            jobs, _ = load_history(path, limit, time_unit, ran_only=True)
+            return [replace(j, num_gpus=max(j.num_gpus, 1)) for j in jobs]
         with path.open() as f:
             head = f.readline()
         return load_philly(path, limit, time_unit) if "timestamp" in head else load_muri(path, limit, time_unit)
@@ -109,3 +119,113 @@ def load_jobs(trace: str, limit: int | None, time_unit: TimeUnit | None = None):
 
 
 _ = OPENB  # the openb loaders read it by default
+
+DB_HELP = "PostgreSQL of the platform (default: $KAIROS_DATABASE_URL, else the services' default)"
+
+
+def _database_url(url: str | None) -> str:
+    import os
+
+    from sim.export import DEFAULT_DATABASE_URL
+
+    return url or os.environ.get("KAIROS_DATABASE_URL") or DEFAULT_DATABASE_URL
+
+
+def _since(value: str) -> timedelta:
+    from shared.durations import parse_duration
+
+    try:
+        return parse_duration(value)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--since") from e
+
+
+@app.command()
+def export(
+    out: Annotated[Path, typer.Option(help="the trace file to write (CSV with a header line)")],
+    since: Annotated[str, typer.Option(help="jobs submitted in this last span: 7d, 12h, 90m")] = "7d",
+    database_url: Annotated[str | None, typer.Option(help=DB_HELP)] = None,
+) -> None:
+    """The platform's recorded history as a trace file that `sim run`, `sim compare` and
+    `sim replay --from` read: per job its submit time, tenant, queue, user, GPUs per task
+    x replicas, observed duration (summed running time over attempts), priority, priority
+    class and final state; jobs not ended are marked `censored`. Times in seconds."""
+    from sim.export import export as run_export
+
+    jobs, meta = run_export(_database_url(database_url), _since(since), out)
+    ran = sum(j.ran for j in jobs)
+    censored = sum(j.censored for j in jobs)
+    c = meta["cluster"]
+    typer.echo(f"{out}: {len(jobs)} jobs ({ran} ran, {censored} not ended at export) since {meta['since']}; "
+               f"cluster {c['nodes']} nodes, {c['gpus_per_node']} GPUs each")
+
+
+@app.command()
+def replay(
+    policy: Annotated[str, typer.Option("--policy", help="the candidate: a policy file (YAML) or a preset")],
+    since: Annotated[str | None, typer.Option(help="arrivals of this last span (default: 7d from the "
+                                                   "database, the whole file with --from)")] = None,
+    current: Annotated[str | None, typer.Option(help="the policy to compare against (default: "
+                                                     "$KAIROS_POLICY_FILE, else the preset $KAIROS_POLICY, "
+                                                     "else default)")] = None,
+    from_file: Annotated[Path | None, typer.Option("--from", help="a `sim export` file instead of the database")] = None,
+    database_url: Annotated[str | None, typer.Option(help=DB_HELP)] = None,
+    nodes: Annotated[int | None, typer.Option(help="simulated nodes (default: the recorded cluster)")] = None,
+    gpus: Annotated[int | None, typer.Option(help="GPUs per node, with --nodes")] = None,
+    drop_censored: Annotated[bool, typer.Option(help="leave out jobs still running at export")] = False,
+    checkpoint_s: Annotated[float, typer.Option()] = 1800.0,
+    restore_s: Annotated[float, typer.Option()] = 60.0,
+    cycle_s: Annotated[float, typer.Option(help="at most one cycle per this many s (0: at every event)")] = 0.0,
+    tick_s: Annotated[float, typer.Option(help="a cycle this often while jobs wait (time-based re-ranking)")] = 60.0,
+    out: Annotated[Path, typer.Option(help="JSON result; the plot is written beside it")] = Path("sim_replay.json"),
+) -> None:
+    """Replay the recorded arrivals, with their observed durations, through the current
+    policy and a candidate on the same cluster; prints them side by side with what was
+    recorded (JCT, queueing delay per tenant, GPU allocation, preemptions, fairness)."""
+    from sim import replay as rp
+    from sim.engine import SimSettings
+    from sim.history_trace import load_history
+    from sim.replay_report import figures, print_table, recorded, write
+    from sim.traces import TraceError
+
+    try:
+        policies = {rp.CURRENT: rp.load_policy(current) if current else rp.current_policy(),
+                    rp.CANDIDATE: rp.load_policy(policy)}
+    except (OSError, ValueError) as e:
+        raise typer.BadParameter(str(e), param_hint="--policy / --current") from e
+    if (nodes is None) != (gpus is None):
+        raise typer.BadParameter("give both --nodes and --gpus, or neither (the recorded cluster)")
+    span = _since(since) if since else None
+    if from_file is not None:
+        try:
+            all_jobs, head = load_history(from_file)
+        except (TraceError, OSError) as e:
+            raise typer.BadParameter(str(e), param_hint="--from") from e
+        source = from_file.name
+    else:
+        from sqlalchemy.engine import make_url
+
+        from sim.export import read_history_now
+
+        url = _database_url(database_url)
+        span = span or _since("7d")
+        all_jobs, head = read_history_now(url, span)
+        source = f"{make_url(url).database} (last {since or '7d'})"
+    jobs = rp.select(all_jobs, span, head.get("exported_at"), drop_censored)
+    if not jobs:
+        raise typer.BadParameter("no recorded job that ran in that span", param_hint="--since")
+    cluster = (rp.uniform(nodes, gpus) if nodes is not None and gpus is not None
+               else rp.recorded_cluster(head["cluster"]))
+    if not cluster:
+        raise typer.BadParameter("the history records no node: give --nodes and --gpus")
+    shape = f"{len(cluster)}x{max(len(n.gpus) for n in cluster)}"
+    settings = SimSettings(checkpoint_s=checkpoint_s, restore_s=restore_s, cycle_s=cycle_s, tick_s=tick_s)
+    runs = rp.replay(jobs, cluster, policies, settings)
+    cols = {name: figures(res) for name, res in runs.items()} | {"recorded": recorded(jobs)}
+    doc = {"source": source, "cluster": shape, "policies": {k: p.label for k, p in policies.items()},
+           "figures": cols, "rules": settings.rules(),
+           "fairness": "Jain's index and max/min ratio over tenants' mean slowdown (JCT / duration)"}
+    png = write(out, doc, runs, source, shape)
+    print_table({f"{k} ({p.label})": cols[k] for k, p in policies.items()} | {"recorded": cols["recorded"]},
+                f"shadow replay of {source} on {shape} GPUs ({len(jobs)} jobs)")
+    typer.echo(f"wrote {out}" + (f" and {png}" if png else ""))

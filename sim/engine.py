@@ -11,7 +11,7 @@ Fixed rules (stated in every result, ``SimSettings.rules()``):
   simulated time (the core takes the whole pending set each cycle);
 - what each policy knows: ``estimates="oracle"`` gives the true duration (SJF bound),
   ``"history"`` the median duration of the tenant's earlier finished jobs of the same
-  size (submit-time knowledge), ``"none"`` nothing.
+  size (submit-time knowledge, ``scheduling.estimates.DurationHistory``), ``"none"`` nothing.
 
 Identity contract with the core: the ``nodes`` tuple is kept while the inventory is
 unchanged; Allocation, JobRequest and RunningJob objects are reused across cycles.
@@ -20,7 +20,6 @@ unchanged; Allocation, JobRequest and RunningJob objects are reused across cycle
 from __future__ import annotations
 
 import heapq
-import statistics
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -39,6 +38,7 @@ from scheduling import (
     Snapshot,
     TaskRequest,
 )
+from scheduling.estimates import DurationHistory
 from sim.traces import TraceJob
 
 Estimates = Literal["none", "oracle", "history"]
@@ -109,36 +109,23 @@ def to_request(t: TraceJob, s: SimSettings, estimate: float | None) -> JobReques
                       runtime_estimate_s=estimate)
 
 
-HISTORY = 30  # finished jobs an estimate looks back on (Philly 10k, 64x8: 50 -> 7.89 h, 30 -> 7.72 h)
-
-
-class HistoryEstimator:
-    """Submit-time estimate: median duration of the tenant's last ``HISTORY`` finished
-    jobs of the same GPU count (else of the same count anywhere, else none)."""
-
-    def __init__(self) -> None:
-        self.by_key: dict[tuple[str, int], list[float]] = {}
-        self.by_size: dict[int, list[float]] = {}
-
-    def estimate(self, t: TraceJob) -> float | None:
-        xs = self.by_key.get((t.tenant, t.num_gpus)) or self.by_size.get(t.num_gpus)
-        return statistics.median(xs[-HISTORY:]) if xs else None
-
-    def learn(self, t: TraceJob) -> None:
-        self.by_key.setdefault((t.tenant, t.num_gpus), []).append(t.duration_s)
-        self.by_size.setdefault(t.num_gpus, []).append(t.duration_s)
-
-
 class Simulation:
     def __init__(self, nodes: tuple[Node, ...], jobs: Sequence[TraceJob], config: SchedulerConfig,
                  settings: SimSettings | None = None,
-                 on_progress: Callable[[int, int], None] | None = None) -> None:
+                 on_progress: Callable[[int, int], None] | None = None,
+                 watch: Callable[[float, Simulation], None] | None = None,
+                 probes: Sequence[float] = ()) -> None:
         self.nodes = nodes
         self.trace = sorted(jobs, key=lambda j: j.submit_s)
         self.sched = Scheduler(config)
         self.s = settings or SimSettings()
         self.on_progress = on_progress
-        self.history = HistoryEstimator()
+        self.history = DurationHistory()  # what "history" estimates learn from (scheduling.estimates)
+        # an observer (benchmarks): called with the simulation at each time in ``probes``
+        # (between events: the state is the one at that time) and after every batch of
+        # events, before the cycle; it must not change the simulation
+        self.watch = watch
+        self.probes = sorted(probes, reverse=True)
         self.events: list[tuple[float, int, int, object]] = []
         self.seq = 0
         self.pending: dict[str, JobRun] = {}  # insertion order = admission order
@@ -150,6 +137,7 @@ class Simulation:
         self.used = 0  # GPUs held by self.runs
         self.waiting: Counter[int] = Counter()  # pending jobs by GPU count
         self.ticking = False
+        self.next_cycle = 0.0
 
     # --- events ---------------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: object) -> None:
@@ -160,7 +148,7 @@ class Simulation:
         if self.s.estimates == "oracle":
             return t.duration_s
         if self.s.estimates == "history":
-            return self.history.estimate(t)
+            return self.history.estimate(t.tenant, t.num_gpus)
         return None
 
     def run(self) -> SimResult:
@@ -169,20 +157,25 @@ class Simulation:
         for ft, node, down in self.s.node_failures:
             self._push(ft, _FAIL, (node, down))
         res = SimResult(self.all, capacity_gpus=self.capacity, settings=self.s)
-        next_cycle = 0.0
+        self.next_cycle = 0.0  # no cycle before this simulated time (cycle_s)
         now = 0.0
         while self.events:
-            now = max(self.events[0][0], next_cycle) if self.s.cycle_s else self.events[0][0]
+            now = max(self.events[0][0], self.next_cycle) if self.s.cycle_s else self.events[0][0]
             if now > self.s.max_time_s:
                 break
+            if self.watch is not None:
+                while self.probes and self.probes[-1] < now:
+                    self.watch(self.probes.pop(), self)
             changed = False
             while self.events and self.events[0][0] <= now:
                 t, kind, _, payload = heapq.heappop(self.events)
                 changed |= self._handle(t, kind, payload)
+            if self.watch is not None:
+                self.watch(now, self)
             if changed and self.pending and not (self.s.skip_idle_cycles and self._nothing_fits()):
                 self._cycle(now)
                 res.cycles += 1
-                next_cycle = now + self.s.cycle_s
+                self.next_cycle = now + self.s.cycle_s
                 if self.s.tick_s > 0 and self.pending and self.runs and not self.ticking:
                     self.ticking = True
                     self._push(now + self.s.tick_s, _TICK, None)
@@ -208,7 +201,7 @@ class Simulation:
             self.used -= jr.gpus
             jr.finish, jr.remaining_s, jr.allocs, jr.running = t, 0.0, (), None
             self.done.append(jr)
-            self.history.learn(jr.trace)
+            self.history.learn(jr.trace.tenant, jr.trace.num_gpus, jr.trace.duration_s)
             return True
         if kind == _STOP:
             job_id, epoch = cast(tuple[str, int], payload)
@@ -266,13 +259,16 @@ class Simulation:
         self.waiting[jr.gpus] += 1
 
     # --- a scheduling cycle ---------------------------------------------------------------
-    def _cycle(self, now: float) -> None:
-        # C-level gathers: thousands of jobs wait on an overloaded cluster
+    def snapshot(self, now: float) -> Snapshot:
+        """What the core sees now (C-level gathers: thousands of jobs wait on an
+        overloaded cluster)."""
         allocs = tuple(chain.from_iterable(map(_ALLOCS, self.runs.values())))
         running = tuple(filter(None, map(_RUNNING, self.runs.values())))
         pending = tuple(map(_REQUEST, self.pending.values()))
-        plan = self.sched.schedule(Snapshot(now, self.nodes, allocs, pending, running))
-        self._apply(plan, now)
+        return Snapshot(now, self.nodes, allocs, pending, running)
+
+    def _cycle(self, now: float) -> None:
+        self._apply(self.sched.schedule(self.snapshot(now)), now)
 
     def _apply(self, plan: Plan, now: float) -> None:
         for p in plan.preemptions:

@@ -50,6 +50,7 @@ class Allocate(Action):
                     # A starved job without a reservation (no backfill, or no estimate tells
                     # when it could start) holds the line: nothing after it starts.
                     pend.update(dict.fromkeys(s.plan.order[pos:], PendingReason.PRIORITY))
+                    s.plan.blocked_by.update(dict.fromkeys(s.plan.order[pos:], info.job.job_id))
                     break
             if self.bulk and pos < n:
                 pos = skip.skip(ordered, pos)

@@ -73,7 +73,7 @@ class Backfill(BlockedJobAction):
         if res is None:
             return
         s.plan.reservations.append(res)
-        s.reserve(res.node_ids, res.start_time)
+        s.reserve(res.node_ids, res.start_time, job.job_id)
 
     def search(self, s: Session, info: JobInfo) -> Reservation | None:
         """The job's reservation, from the state once the stopping jobs and this cycle's

@@ -55,6 +55,7 @@ class BulkSkip:
             pend.update(zip(ids[start:end], map(reasons.__getitem__, codes[start:end].tolist()), strict=True))
             if len(held):  # a starved job without a reservation holds the line: nothing after it starts
                 pend.update(dict.fromkeys(ids[end:], PendingReason.PRIORITY))
+                s.plan.blocked_by.update(dict.fromkeys(ids[end:], ids[end - 1]))
                 return len(ordered)
             return stop
         prios = cycle.get(JobPriorities)
@@ -74,6 +75,7 @@ class BulkSkip:
             reason = pend[ids[start + j]] = refused or reasons[code[j]]
             if reason in CAPACITY and info.starved:
                 pend.update(dict.fromkeys(ids[start + j + 1:], PendingReason.PRIORITY))
+                s.plan.blocked_by.update(dict.fromkeys(ids[start + j + 1:], info.job.job_id))
                 return len(ordered)
         return stop
 

@@ -20,7 +20,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from shared.logging import get_logger
 
 log = get_logger(__name__)
-_COLUMNS = "seq, job_id, state, reason, attempt, exit_code, task, node_id, message, occurred_at"
+_COLUMNS = ("seq, job_id, state, reason, reason_code, attempt, exit_code, task, node_id, "
+            "message, occurred_at")
 
 
 @dataclass

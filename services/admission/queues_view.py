@@ -44,14 +44,14 @@ async def apply_queue_event(conn: AsyncConnection, ev: QueueChanged | QueueStatu
         if ev.waiting:
             await conn.execute(text(
                 """INSERT INTO queue_waiting_view (job_id, queue, position, reason, detail,
-                       estimated_start)
-                   VALUES (:j, :q, :p, :r, :d, :e)
+                       estimated_start, blocked_by)
+                   VALUES (:j, :q, :p, :r, :d, :e, :b)
                    ON CONFLICT (job_id) DO UPDATE SET queue = EXCLUDED.queue,
                        position = EXCLUDED.position, reason = EXCLUDED.reason,
                        detail = EXCLUDED.detail, estimated_start = EXCLUDED.estimated_start,
-                       updated_at = now()"""),
+                       blocked_by = EXCLUDED.blocked_by, updated_at = now()"""),
                 [{"j": w.job_id, "q": ev.queue, "p": w.position, "r": w.reason, "d": w.detail,
-                  "e": w.estimated_start} for w in ev.waiting])
+                  "e": w.estimated_start, "b": w.blocked_by} for w in ev.waiting])
         return
     if ev.request_id:
         await conn.execute(text(
@@ -131,7 +131,8 @@ async def request_outcome(engine: AsyncEngine, request_id: str) -> dict[str, Any
 async def waiting(engine: AsyncEngine, job_id: str) -> dict[str, Any] | None:
     async with engine.connect() as conn:
         row = (await conn.execute(text(
-            """SELECT queue, position, reason, detail, estimated_start, updated_at
+            """SELECT queue, position, reason, detail, estimated_start, blocked_by,
+                      updated_at
                FROM queue_waiting_view WHERE job_id = :j AND position > 0"""),
             {"j": job_id})).mappings().first()
     return dict(row) if row else None
@@ -152,26 +153,28 @@ async def apply_job_waiting(conn: AsyncConnection, event_id: str, ev: JobWaiting
         return
     if job.said is None:
         await conn.execute(text(
-            """INSERT INTO job_events (event_id, job_id, state, reason, attempt, message,
-                   occurred_at)
-               VALUES (:e, :j, 'admitted', :r, :a, :m, :o) ON CONFLICT (event_id) DO NOTHING"""),
+            """INSERT INTO job_events (event_id, job_id, state, reason, reason_code, attempt,
+                   message, occurred_at)
+               VALUES (:e, :j, 'admitted', :r, 'waiting', :a, :m, :o)
+               ON CONFLICT (event_id) DO NOTHING"""),
             {"e": event_id, "j": ev.job_id, "r": f"waiting: {ev.reason}", "a": ev.attempt,
              "m": ev.detail, "o": occurred_at})
     await conn.execute(text(
         """INSERT INTO queue_waiting_view (job_id, queue, position, reason, detail,
-               estimated_start, updated_at)
-           SELECT id, queue, 0, :r, :d, :e, :o FROM jobs WHERE id = :j
+               estimated_start, blocked_by, updated_at)
+           SELECT id, queue, 0, :r, :d, :e, :b, :o FROM jobs WHERE id = :j
            ON CONFLICT (job_id) DO UPDATE SET queue = EXCLUDED.queue, position = 0,
                reason = EXCLUDED.reason, detail = EXCLUDED.detail,
-               estimated_start = EXCLUDED.estimated_start, updated_at = EXCLUDED.updated_at"""),
+               estimated_start = EXCLUDED.estimated_start, blocked_by = EXCLUDED.blocked_by,
+               updated_at = EXCLUDED.updated_at"""),
         {"j": ev.job_id, "r": ev.reason, "d": ev.detail, "e": ev.estimated_start,
-         "o": occurred_at})
+         "b": ev.blocked_by, "o": occurred_at})
 
 
 async def job_waiting(engine: AsyncEngine, job_id: str) -> dict[str, Any] | None:
     async with engine.connect() as conn:
         row = (await conn.execute(text(
-            """SELECT reason, detail, estimated_start, updated_at
+            """SELECT reason, detail, estimated_start, blocked_by, updated_at
                FROM queue_waiting_view WHERE job_id = :j AND position = 0"""),
             {"j": job_id})).mappings().first()
     return dict(row) if row else None

@@ -139,7 +139,8 @@ async def get_job(engine: AsyncEngine, job_id: str) -> dict[str, Any] | None:
             return None
         job = dict(row)
         job["history"] = [dict(r) for r in (await conn.execute(
-            text("""SELECT state, reason, attempt, exit_code, task, node_id, message, occurred_at
+            text("""SELECT state, reason, reason_code, attempt, exit_code, task, node_id,
+                           message, occurred_at
                     FROM job_events WHERE job_id = :j ORDER BY seq"""), {"j": job_id})
         ).mappings()]
         job["placement"] = [dict(r) for r in (await conn.execute(
@@ -270,9 +271,9 @@ def _rank_sql(column: str) -> str:
 # from before the statement, and each table is written once, so the parts are independent.
 _JOB_STATUS = text(f"""
     WITH e AS (
-        INSERT INTO job_events (event_id, job_id, state, reason, attempt, exit_code, task,
-                                node_id, message, occurred_at)
-        VALUES (:e, :j, :s, :r, :a, :x, NULL, :n, :m, :o)
+        INSERT INTO job_events (event_id, job_id, state, reason, reason_code, attempt,
+                                exit_code, task, node_id, message, occurred_at)
+        VALUES (:e, :j, :s, :r, :c, :a, :x, NULL, :n, :m, :o)
         ON CONFLICT (event_id) DO NOTHING RETURNING seq),
     runs AS (
         UPDATE task_runs SET ended_at = GREATEST(started_at, :o)
@@ -304,7 +305,7 @@ async def apply_status(conn: AsyncConnection, event_id: str, st: JobStatus,
         ends = st.state.value in usage.ENDS
         await conn.execute(_JOB_STATUS, {
             "e": event_id, "j": st.job_id, "s": st.state.value, "r": st.reason,
-            "a": st.attempt, "x": st.exit_code, "n": st.node_id, "m": st.message,
+            "c": st.reason_code, "a": st.attempt, "x": st.exit_code, "n": st.node_id, "m": st.message,
             "o": occurred_at, "ends": ends,
             "leaves_wait": st.state in (JobState.BOUND, JobState.RUNNING, JobState.PREEMPTED)
             or st.state.terminal,

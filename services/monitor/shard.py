@@ -12,55 +12,29 @@ GPU is not reported by two replicas for longer than one batch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from services.monitor.metrics import MonitorMetrics
 from shared.bus import partition_for
-from shared.events import DeadLetter, Event, GpuHealth, JobStatus, NodeTelemetry
+from shared.events import (
+    DeadLetter,
+    Event,
+    GpuHealth,
+    JobStatus,
+    NodeTelemetry,
+    TransitionReason,
+    classify_transition,
+)
 
 MIB = 1024 * 1024
 
 
-class TransitionReason(StrEnum):
-    """Bounded label values for the free-text reasons on jobs.status."""
-
-    ADMITTED = "admitted"
-    PLACED = "placed"
-    STARTED = "started"
-    COMPLETED = "completed"
-    RESIZED = "resized"
-    RETRY = "retry"
-    OUT_OF_RETRIES = "out_of_retries"
-    PREEMPTED = "preempted"
-    NODE_LOST = "node_lost"
-    TIME_LIMIT = "time_limit"
-    CANCELLED = "cancelled"
-    OTHER = "other"
-
-
-# (prefix of the reason, its class), first match wins; see services/scheduler/jobs.py, state.py and resizes.py
-_PREFIXES = (
-    ("admitted", TransitionReason.ADMITTED),
-    ("placed", TransitionReason.PLACED),
-    ("all tasks running", TransitionReason.STARTED),
-    ("all tasks succeeded", TransitionReason.COMPLETED),
-    ("resized", TransitionReason.RESIZED),
-    ("out of retries", TransitionReason.OUT_OF_RETRIES),
-    ("retry", TransitionReason.RETRY),
-    ("preempted", TransitionReason.PREEMPTED),
-    ("node lost", TransitionReason.NODE_LOST),
-    ("time limit", TransitionReason.TIME_LIMIT),
-    ("returned", TransitionReason.CANCELLED),
-)
-
-
-def transition_reason(reason: str) -> TransitionReason:
-    text = reason.strip().lower()
-    for prefix, cls in _PREFIXES:
-        if text.startswith(prefix):
-            return cls
-    return TransitionReason.CANCELLED if "cancel" in text else TransitionReason.OTHER
+def transition_reason(event: JobStatus) -> TransitionReason:
+    """The label of a transition: its code; an older producer's event has none, and is
+    classified by its text (the fallback)."""
+    if event.reason_code is not None:
+        return event.reason_code
+    return classify_transition(event.reason)
 
 
 @dataclass
@@ -95,7 +69,7 @@ class ShardView:
                 power.set(g.power_w)
                 degraded.set(1 if g.health is GpuHealth.DEGRADED else 0)
         elif isinstance(event, JobStatus) and event.task is None:
-            m.transitions.labels(event.state.value, transition_reason(event.reason).value).inc()
+            m.transitions.labels(event.state.value, transition_reason(event).value).inc()
         elif isinstance(event, DeadLetter):
             m.deadletters.labels(event.topic, event.reason).inc()
 

@@ -55,6 +55,7 @@ class Wait:
 
     reason: WaitReason
     detail: str
+    blocked_by: str | None = None  # priority: the job ahead of it
 
 
 @dataclass(slots=True)
@@ -118,7 +119,8 @@ def _admit(tree: QueueTree, ordered: list[HeldJob], holding: list[HeldJob],
             q = h.event.queue
             if q in blocked:
                 waits[h.request.job_id] = Wait(WaitReason.PRIORITY,
-                                               f"behind {blocked[q]} in strict queue {q}")
+                                               f"behind {blocked[q]} in strict queue {q}",
+                                               blocked[q])
                 continue
             if first and q in held_back:
                 deferred.append(j)

@@ -44,8 +44,8 @@ def waiting_lists(decision: Admission, jobs: Sequence[HeldJob], now: float
             if wait.reason is WaitReason.QUOTA:
                 est = _estimate(q, ahead + j.held.demand[0], jobs, decision.quota, now)
                 ahead += j.held.demand[0]
-            items.append(WaitingJob(job_id=j.job_id, position=pos, reason=wait.reason.value,
-                                    detail=wait.detail,
+            items.append(WaitingJob(job_id=j.job_id, position=pos, reason=wait.reason,
+                                    detail=wait.detail, blocked_by=wait.blocked_by,
                                     estimated_start=utc(est) if est else None))
             if j.row.reason != wait.reason.value:
                 notices.append(Notice(j, wait))

@@ -31,6 +31,7 @@ from shared.events import (
     QueueChanged,
     QueueCommand,
     QueueRefusal,
+    TransitionReason,
 )
 from shared.queuespec import QueueSpec
 from shared.topics import topic_for
@@ -77,7 +78,7 @@ def admitted(job: Held, borrowing: bool, now: datetime) -> list[Outgoing]:
     why = f"admitted by queue {sub.queue}" + (" (borrowing its cohort's quota)"
                                                if borrowing else "")
     status = JobStatus(job_id=sub.job_id, state=JobState.ADMITTED, reason=why,
-                       attempt=attempt)
+                       reason_code=TransitionReason.ADMITTED, attempt=attempt)
     return [outgoing(ready, f"ready-{sub.job_id}-{attempt}"),
             outgoing(status, f"admitted-{sub.job_id}-{attempt}")]
 
@@ -92,24 +93,28 @@ def reclaim(row: JobRow, rc: Reclaim) -> Outgoing:
 def waiting(row: JobRow, reason: str, detail: str, notice: int) -> Outgoing:
     """The ``pending`` status of a job whose reason to wait changed (its ``notice``-th)."""
     st = JobStatus(job_id=row.job_id, state=JobState.PENDING, attempt=row.attempt,
-                   reason=f"waiting: {reason}", message=detail)
+                   reason=f"waiting: {reason}", reason_code=TransitionReason.WAITING,
+                   message=detail)
     return outgoing(st, f"waiting-{row.job_id}-{row.attempt}-{notice}")
 
 
 def requeued(row: JobRow, attempt: int) -> Outgoing:
     return outgoing(JobStatus(
         job_id=row.job_id, state=JobState.PENDING, attempt=attempt,
-        reason=f"requeued in queue {row.queue}: its quota was reclaimed"),
+        reason=f"requeued in queue {row.queue}: its quota was reclaimed",
+        reason_code=TransitionReason.REQUEUED),
         f"requeued-{row.job_id}-{attempt}")
 
 
 def cancelled(cmd: JobCommand) -> Outgoing:
     return outgoing(JobStatus(job_id=cmd.job_id, state=JobState.CANCELLED,
-                              reason=cmd.reason or "cancelled while queued"),
+                              reason=cmd.reason or "cancelled while queued",
+                              reason_code=TransitionReason.CANCELLED),
                     f"cancelled-q-{cmd.job_id}")
 
 
 def no_queue(sub: JobSubmitted) -> Outgoing:
     return outgoing(JobStatus(job_id=sub.job_id, state=JobState.FAILED, reason=f"no queue "
-                              f"{sub.queue} to hold it (unknown or a cohort)"),
+                              f"{sub.queue} to hold it (unknown or a cohort)",
+                              reason_code=TransitionReason.NO_QUEUE),
                     f"failed-q-{sub.job_id}")

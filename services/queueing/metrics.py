@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from services.queueing.quota import WaitReason
 from shared.events import WaitingJob
+from shared.events.reasons import QUEUEING_WAITS
 
 CYCLE_SECONDS = Histogram("kairos_queueing_cycle_seconds", "Queueing cycle time",
                           buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
@@ -33,7 +33,7 @@ def queue_seen(queue: str, waiting: Sequence[WaitingJob], guaranteed_gpus: float
                used_gpus: float, borrowed_gpus: float) -> None:
     """A queue after a cycle: its waiting jobs by reason (all, not only those listed in
     its status) and its GPUs."""
-    for reason in WaitReason:
+    for reason in QUEUEING_WAITS:
         WAITING.labels(queue, reason.value).set(sum(1 for w in waiting if w.reason == reason))
     QUOTA_GPUS.labels(queue, "guaranteed").set(guaranteed_gpus)
     QUOTA_GPUS.labels(queue, "used").set(used_gpus)

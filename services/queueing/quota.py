@@ -27,25 +27,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 
 from scheduling import QuotaBook, Resources
+from shared.events.reasons import WaitReason  # queueing sets QUEUEING_WAITS of it
 from shared.quota_tree import BIG, EPS, UNITS, ZERO, QueueTree, Vec
 from shared.quota_tree import add as _add
 from shared.quota_tree import fmt as _fmt
 
 __all__ = ["BIG", "EPS", "UNITS", "ZERO", "Decision", "QueueTree", "QuotaState", "Reclaim",
            "Vec", "WaitReason"]
-
-
-class WaitReason(StrEnum):
-    """Why a job still waits in its queue (queueing's side; the scheduler has its own)."""
-
-    QUOTA = "quota"  # its queue (or a cohort above) has no quota left for it now
-    RECLAIM = "reclaim"  # within its guarantee: borrowers are being preempted for it
-    QUEUE_CLOSED = "queue_closed"  # its queue is closed: nothing is admitted
-    PRIORITY = "priority"  # a strict queue: a job ahead of it waits
-    ARRAY_LIMIT = "array_limit"  # its job array holds quota for as many elements as it may
 
 
 @dataclass(frozen=True, slots=True)

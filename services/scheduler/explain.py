@@ -1,10 +1,12 @@
 """Why an admitted job is not placed yet, told to the rest of the platform.
 
 Each cycle the core leaves every job it could not place with a ``PendingReason``, and
-EASY backfill gives the blocked head job a reservation (when it is expected to start).
+EASY backfill gives the blocked head job a reservation (when it is expected to start);
+a job that waits behind another (``priority``, ``backfill_blocked``) names it. The
+core's reason goes out as the shared vocabulary's code (``shared/events/reasons.py``).
 The scheduler sends a ``job.waiting`` on ``jobs.status`` (keyed by job, so it stays in
-order with the job's transitions) only when that changes for a job: another reason, an
-estimate that appears, goes, or moves by more than ``shift_s``. A cycle where nothing
+order with the job's transitions) only when that changes for a job: another reason or
+job it waits behind, an estimate that appears, goes, or moves by more than ``shift_s``. A cycle where nothing
 changed sends nothing, so the volume follows the changes, not the cycle rate or the
 backlog. The gateway shows the last one while the job stays admitted.
 """
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from scheduling import PendingReason, Plan
-from shared.events import JobWaiting
+from shared.events import JobWaiting, from_pending
 
 DETAIL = {
     PendingReason.NO_FIT: "no node has room for it now",
@@ -25,7 +27,8 @@ DETAIL = {
     PendingReason.NEVER_FITS: "larger than the whole healthy cluster: it starts only once "
                               "nodes are added or GPUs recover",
     PendingReason.QUOTA: "over its quota",
-    PendingReason.PRIORITY: "the capacity it needs is held for a higher-priority job",
+    PendingReason.PRIORITY: "it waits behind a job ahead of it in the order, which took "
+                            "or holds the capacity it needs",
     PendingReason.BACKFILL_BLOCKED: "starting it now would delay the job the backfill "
                                     "holds capacity for",
     PendingReason.GPU_MODEL: "no GPU of an allowed model is free",
@@ -40,6 +43,7 @@ DETAIL = {
 class _Said:
     attempt: int
     reason: str
+    blocked_by: str | None
     estimate: float | None
 
 
@@ -63,17 +67,19 @@ class PendingNotices:
                 continue
             res = reserved.get(job_id)
             est = res.start_time if res is not None and res.start_time > now else None
+            behind = plan.blocked_by.get(job_id)
             last = self._said.get(job_id)
             if last is not None and last.attempt == attempt and last.reason == reason.value \
-                    and self._close(last.estimate, est):
+                    and last.blocked_by == behind and self._close(last.estimate, est):
                 continue
-            self._said[job_id] = _Said(attempt, reason.value, est)
+            self._said[job_id] = _Said(attempt, reason.value, behind, est)
             n = self._sent[job_id] = self._sent.get(job_id, 0) + 1
             detail = DETAIL.get(reason, reason.value)
             if res is not None:
                 detail += f"; backfill holds {', '.join(res.node_ids)} for it"
             out.append((JobWaiting(
-                job_id=job_id, attempt=attempt, reason=reason.value, detail=detail,
+                job_id=job_id, attempt=attempt, reason=from_pending(reason.value),
+                detail=detail, blocked_by=behind,
                 estimated_start=datetime.fromtimestamp(est, UTC) if est is not None else None,
                 epoch=epoch), f"waiting-{job_id}-{attempt}-e{epoch}-{n}"))
         for job_id in [j for j in self._said if j not in plan.pending]:

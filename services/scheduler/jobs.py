@@ -22,6 +22,7 @@ from shared.events import (
     JobState,
     JobStatus,
 )
+from shared.events import TransitionReason as Code
 
 
 class Lifecycle:
@@ -29,10 +30,12 @@ class Lifecycle:
         self.cluster = cluster
         self.bindings = bindings
 
-    def status(self, out: Output, job: SchedJob, state: JobState, reason: str,
+    def status(self, out: Output, job: SchedJob, state: JobState, code: Code, reason: str,
                exit_code: int | None = None) -> None:
-        out.emit(JobStatus(job_id=job.job_id, state=state, reason=reason, attempt=job.attempt,
-                           exit_code=exit_code, epoch=self.cluster.epoch), SOURCE,
+        """Announce a transition: its code (the vocabulary) and its words."""
+        out.emit(JobStatus(job_id=job.job_id, state=state, reason=reason, reason_code=code,
+                           attempt=job.attempt, exit_code=exit_code,
+                           epoch=self.cluster.epoch), SOURCE,
                  event_id=f"{state.value}-{job.job_id}-{job.attempt}")
 
     def on_ready(self, ev: JobReady, out: Output) -> None:
@@ -45,7 +48,7 @@ class Lifecycle:
             job.attempt = ev.attempt
             job.state = JobState.CANCELLED
             out.dirty_jobs.add(job.job_id)
-            self.status(out, job, JobState.CANCELLED, "cancelled before placement")
+            self.status(out, job, JobState.CANCELLED, Code.CANCELLED, "cancelled before placement")
             return
         if job is not None and ev.attempt <= job.attempt:
             return  # a replay
@@ -68,7 +71,7 @@ class Lifecycle:
         out.dirty_jobs.add(job.job_id)
         if job.state is JobState.ADMITTED:  # not placed yet: nothing to stop
             job.state = JobState.PREEMPTED
-            self.status(out, job, JobState.PREEMPTED, job.reclaimed)
+            self.status(out, job, JobState.PREEMPTED, Code.RECLAIMED, job.reclaimed)
             self.cluster.needs_cycle = True
         elif not job.preempted_by:
             self.bindings.stop(job, out, job.reclaimed, grace_s=DEFAULT_GRACE_S)
@@ -92,7 +95,7 @@ class Lifecycle:
         # reclaimed: back with its queue (which cancels it there too, if it holds it)
         if job.state is JobState.ADMITTED or (job.state is JobState.PREEMPTED and job.reclaimed):
             job.state = JobState.CANCELLED
-            self.status(out, job, JobState.CANCELLED, cmd.reason or "cancelled")
+            self.status(out, job, JobState.CANCELLED, Code.CANCELLED, cmd.reason or "cancelled")
         else:
             self.bindings.stop(job, out, "cancelled")
 
@@ -135,7 +138,8 @@ class Lifecycle:
         if job.cancel_requested:
             if all(s in TERMINAL for s in states) and job.state not in TERMINAL:
                 job.state = JobState.CANCELLED
-                self.status(out, job, JobState.CANCELLED, job.cancel_reason or "cancelled")
+                self.status(out, job, JobState.CANCELLED, Code.CANCELLED,
+                            job.cancel_reason or "cancelled")
             return
         if st.reason == TIME_LIMIT_REACHED and st.state is JobState.CANCELLED and \
                 job.state in (JobState.BOUND, JobState.RUNNING) and not job.preempted_by:
@@ -144,10 +148,11 @@ class Lifecycle:
         if st.state is JobState.RUNNING and job.state is JobState.BOUND and states == {
                 JobState.RUNNING}:
             job.state = JobState.RUNNING
-            self.status(out, job, JobState.RUNNING, "all tasks running")
+            self.status(out, job, JobState.RUNNING, Code.STARTED, "all tasks running")
         elif states == {JobState.SUCCEEDED}:
             job.state = JobState.SUCCEEDED
-            self.status(out, job, JobState.SUCCEEDED, "all tasks succeeded", exit_code=0)
+            self.status(out, job, JobState.SUCCEEDED, Code.SUCCEEDED, "all tasks succeeded",
+                        exit_code=0)
         elif st.state in (JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED) and \
                 job.state in (JobState.BOUND, JobState.RUNNING):
             # an agent that could not renew its lease stopped it: like a lost node
@@ -162,10 +167,10 @@ class Lifecycle:
         job.cancel_requested = True  # the other tasks' reports change nothing any more
         if job.ready.spec.interactive:
             job.state = JobState.CANCELLED
-            self.status(out, job, JobState.CANCELLED, TIME_LIMIT_REACHED)
+            self.status(out, job, JobState.CANCELLED, Code.TIME_LIMIT, TIME_LIMIT_REACHED)
         else:
             job.state = JobState.FAILED
-            self.status(out, job, JobState.FAILED, TIME_LIMIT_REACHED)
+            self.status(out, job, JobState.FAILED, Code.TIME_LIMIT, TIME_LIMIT_REACHED)
 
     def retry_or_fail(self, job: SchedJob, out: Output, why: str, exit_code: int | None,
                       node_lost: bool = False) -> None:
@@ -179,12 +184,13 @@ class Lifecycle:
             else:
                 self.bindings.stop(job, out, job.reclaimed)
             job.state = JobState.PREEMPTED
-            self.status(out, job, JobState.PREEMPTED, job.reclaimed)
+            self.status(out, job, JobState.PREEMPTED, Code.RECLAIMED, job.reclaimed)
             self.cluster.needs_cycle = True
             return
         not_its_fault = node_lost or job.drain_requeue or bool(job.preempted_by)
         if job.preempted_by:  # its tasks were already asked to stop
-            self.status(out, job, JobState.PREEMPTED, f"preempted for {job.preempted_by}")
+            self.status(out, job, JobState.PREEMPTED, Code.PREEMPTED,
+                        f"preempted for {job.preempted_by}")
             job.preempted_by = ""
         else:
             self.bindings.stop(job, out, why)
@@ -195,14 +201,15 @@ class Lifecycle:
             job.requeues += 1
         if job.node_losses >= MAX_NODE_LOSSES:
             job.state = JobState.FAILED
-            self.status(out, job, JobState.FAILED,
+            self.status(out, job, JobState.FAILED, Code.NODE_LOST,
                         f"{job.node_losses} nodes lost under it: {why}", exit_code=exit_code)
         elif job.attempt - job.requeues <= job.ready.spec.max_retry:
             job.attempt += 1
             job.state = JobState.ADMITTED
             job.seq = self.cluster.next_seq()
-            self.status(out, job, JobState.ADMITTED, f"retry after {why}")
+            self.status(out, job, JobState.ADMITTED, Code.RETRY, f"retry after {why}")
             self.cluster.needs_cycle = True
         else:
             job.state = JobState.FAILED
-            self.status(out, job, JobState.FAILED, f"out of retries: {why}", exit_code=exit_code)
+            self.status(out, job, JobState.FAILED, Code.OUT_OF_RETRIES, f"out of retries: {why}",
+                        exit_code=exit_code)

@@ -17,7 +17,7 @@ from services.scheduler.model import (
     SchedJob,
 )
 from shared.elastic_resize import ResizeRefused, elastic_task
-from shared.events import JobCommand, JobState, JobStatus
+from shared.events import JobCommand, JobState, JobStatus, TransitionReason
 from shared.logging import get_logger
 
 log = get_logger(__name__)
@@ -97,7 +97,8 @@ class Resizes:
                  out: Output) -> None:
         assert job.ready is not None
         out.emit(JobStatus(
-            job_id=job.job_id, state=job.state, reason="resized", attempt=job.attempt,
+            job_id=job.job_id, state=job.state, reason="resized",
+            reason_code=TransitionReason.RESIZED, attempt=job.attempt,
             message=f"{task_name}: {before} -> {after} replicas ({why})",
             epoch=self.cluster.epoch,
             replicas={t.name: len(job.active(t.name)) for t in job.ready.spec.tasks}),

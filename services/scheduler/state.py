@@ -45,6 +45,7 @@ from shared.events import (
     NodeLost,
     NodeRegistered,
     NodeTelemetry,
+    TransitionReason,
 )
 
 Placer = Callable[[Snapshot], Plan]
@@ -138,7 +139,7 @@ class SchedulerState(Cluster):
             job.bound_at = now
             out.dirty_jobs.add(job_id)
             self.bindings.allocate(job, new, out)
-            self.lifecycle.status(out, job, JobState.BOUND,
+            self.lifecycle.status(out, job, JobState.BOUND, TransitionReason.PLACED,
                                   f"placed on {len({p.node_id for p in new})} node(s)")
             if any(t.elastic and len(job.active(t.name)) < t.most_replicas
                    for t in job.ready.spec.tasks):

@@ -3,8 +3,9 @@
 Every message on every topic is an :class:`Envelope` serialised as JSON whose ``data``
 is the event its ``type`` names (``EVENT_TYPES``). The models live by subject:
 ``jobs``, ``bindings``, ``nodes``, ``queues``, ``system`` (dead letters, the broker's
-incarnation); ``envelope`` holds the wire format and the registry. This package
-exports them all: import from ``shared.events``.
+incarnation); ``reasons`` holds the codes of why a job waits or changed state,
+``envelope`` the wire format and the registry. This package exports them all: import
+from ``shared.events``.
 """
 
 from shared.events.base import Event, utcnow
@@ -52,6 +53,13 @@ from shared.events.queues import (
     QueueStatus,
     WaitingJob,
 )
+from shared.events.reasons import (
+    TransitionReason,
+    WaitReason,
+    classify_transition,
+    from_pending,
+    wait_reason,
+)
 from shared.events.system import BrokerIncarnation, DeadLetter
 
 __all__ = [
@@ -94,6 +102,11 @@ __all__ = [
     "QueueRefusal",
     "QueueStatus",
     "TaskBinding",
+    "TransitionReason",
+    "WaitReason",
     "WaitingJob",
+    "classify_transition",
+    "from_pending",
     "utcnow",
+    "wait_reason",
 ]

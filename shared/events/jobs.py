@@ -11,6 +11,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.events.base import Event
+from shared.events.reasons import TransitionCode, WaitCode
 from shared.jobspec import JobSpec
 
 
@@ -100,7 +101,10 @@ class JobStatus(Event):
     TYPE: ClassVar[str] = "job.status"
     job_id: str
     state: JobState
-    reason: str
+    reason: str = Field(description="why, in words (see reason_code)")
+    reason_code: TransitionCode = Field(
+        default=None, description="why, as a code (shared/events/reasons.py "
+        "TransitionReason); absent from an older producer: readers classify the text")
     attempt: int = 1
     exit_code: int | None = None
     task: str | None = Field(default=None, description="task id, e.g. worker-0; empty = job")
@@ -131,9 +135,13 @@ class JobWaiting(Event):
     TYPE: ClassVar[str] = "job.waiting"
     job_id: str
     attempt: int = 1
-    reason: str = Field(description="the scheduling core's pending reason: no_fit, "
-                        "gang_incomplete, never_fits, preempting, cordoned, ...")
+    reason: WaitCode = Field(description="the scheduling core's pending reason: no_fit, "
+                             "gang_incomplete, never_fits, priority, preempting, "
+                             "cordoned, ... (shared/events/reasons.py WaitReason; a code "
+                             "this reader lacks reads as unknown)")
     detail: str = ""
+    blocked_by: str | None = Field(
+        default=None, description="priority / backfill_blocked: the job it waits behind")
     estimated_start: datetime | None = Field(
         default=None, description="when backfill expects it to start (its reservation)")
     epoch: int | None = Field(default=None, description="the scheduler epoch that said so")

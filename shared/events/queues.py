@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.events.base import Event
+from shared.events.reasons import WaitCode
 
 
 class QueueRefusal(StrEnum):
@@ -71,9 +72,12 @@ class WaitingJob(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
     job_id: str
     position: int = Field(description="1 = next in its queue's order")
-    reason: str = Field(description="quota | reclaim | queue_closed | priority | array_limit")
+    reason: WaitCode = Field(description="quota | reclaim | queue_closed | priority | "
+                             "array_limit (shared/events/reasons.py WaitReason)")
     detail: str = ""
     estimated_start: datetime | None = None
+    blocked_by: str | None = Field(default=None, description="priority: the job ahead of "
+                                   "it in its strict queue")
 
 
 class QueueStatus(Event):

@@ -43,6 +43,7 @@ def test_long_job_that_only_fits_on_reserved_nodes_waits() -> None:
     plan = w.step()
     assert plan.binds == []
     assert plan.pending == {"head": PendingReason.NO_FIT, "l": PendingReason.BACKFILL_BLOCKED}
+    assert plan.blocked_by == {"l": "head"}  # the job whose reservation it would delay
 
 
 def test_without_backfill_later_jobs_start_greedily() -> None:

@@ -17,8 +17,9 @@ BASE = ("gang", "priority", "binpack")
     [
         ("fits across two nodes", 2, [job("a").gpus(8).gang(2)], {"a": 2}, {}),
         ("too big waits whole", 2, [job("a").gpus(8).gang(3)], {}, {"a": PendingReason.NEVER_FITS}),
+        # x, ahead of it in the order, took the room it would fit in: it waits behind x
         ("partial fit holds nothing", 2,
-         [job("x").gpus(8), job("a").gpus(8).gang(2)], {"x": 1}, {"a": PendingReason.GANG_INCOMPLETE}),
+         [job("x").gpus(8), job("a").gpus(8).gang(2)], {"x": 1}, {"a": PendingReason.PRIORITY}),
         ("minAvailable starts the minimum", 2,
          [job("x").gpus(8), job("a").gpus(4).gang(4).min_available(2)], {"x": 1, "a": 2}, {}),
         ("a share and whole GPUs in one gang", 1,
@@ -37,9 +38,12 @@ def test_two_gangs_that_each_need_most_of_the_cluster_do_not_deadlock() -> None:
         job("a").gpus(8).gang(3).submit(0), job("b").gpus(8).gang(3).submit(1))
     plan = w.step()
     assert set(bound(plan)) == {"a"}
-    assert plan.pending == {"b": PendingReason.GANG_INCOMPLETE}
+    # a, placed first, took the room b would fit in: b waits behind a
+    assert (plan.pending, plan.blocked_by) == ({"b": PendingReason.PRIORITY}, {"b": "a"})
     # b holds nothing while it waits, and starts as soon as a is done
     assert w.nodes_of("b") == set()
+    # while a runs, b simply has no room (no order would help)
+    assert w.step(5).pending == {"b": PendingReason.GANG_INCOMPLETE}
     w.finish("a")
     assert set(bound(w.step(10))) == {"b"}
 
@@ -57,11 +61,13 @@ def test_snapshot_positional_constructor_and_first_fit_still_work() -> None:
     assert [b.task_id for b in plan.binds] == ["w-0", "w-1"]
     assert plan.pending == {"b": PendingReason.NO_FIT}
     # the default preset starts the shortest expected run time first (srpt by time); with
-    # no estimates the two tie and go in snapshot order: a's gang fills the node
-    assert Scheduler().schedule(snap).pending == {"b": PendingReason.NO_FIT}
-    # with b known to be short, b goes first and a's gang cannot fit
+    # no estimates the two tie and go in snapshot order: a's gang fills the node, and b
+    # waits behind a
+    assert Scheduler().schedule(snap).pending == {"b": PendingReason.PRIORITY}
+    # with b known to be short, b goes first and a's gang cannot fit: behind b
     short = replace(snap, pending=(snap.pending[0], replace(snap.pending[1], runtime_estimate_s=60.0)))
-    assert Scheduler().schedule(short).pending == {"a": PendingReason.GANG_INCOMPLETE}
+    plan = Scheduler().schedule(short)
+    assert (plan.pending, plan.blocked_by) == ({"a": PendingReason.PRIORITY}, {"a": "b"})
 
 
 def test_allocations_on_nodes_gone_from_the_inventory_are_ignored() -> None:

@@ -82,7 +82,7 @@ def test_selectors_taints_and_cordons() -> None:
 def test_unhealthy_gpus_are_never_used() -> None:
     plan = place([node("n0").unhealthy(0, 1, 2).build()], job("a").gpus(5), job("b").gpus(1))
     assert [u.index for u in plan.binds[0].gpus] == [3, 4, 5, 6, 7]
-    assert plan.pending == {"b": PendingReason.NO_FIT}
+    assert plan.pending == {"b": PendingReason.PRIORITY}  # a took the last healthy GPUs
 
 
 def test_mig_slices() -> None:

@@ -44,6 +44,7 @@ def test_starved_job_blocks_lower_work_without_backfill() -> None:
     plan = w.step()
     assert plan.binds == []
     assert plan.pending == {"big": PendingReason.NO_FIT, "small": PendingReason.PRIORITY}
+    assert plan.blocked_by == {"small": "big"}  # the starved job that holds the line
 
 
 def test_parameter_servers_are_placed_before_workers() -> None:

@@ -3,20 +3,24 @@ fragmentation measure."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from prometheus_client import CollectorRegistry
 
 from services.monitor.fragmentation import NodeRoom, Shape, fragmentation
 from services.monitor.metrics import MonitorMetrics
-from services.monitor.shard import ShardView, TransitionReason, transition_reason
+from services.monitor.shard import ShardView, transition_reason
 from shared.bus import partition_for
 from shared.events import (
     DeadLetter,
+    Envelope,
     GpuHealth,
     GpuTelemetry,
     JobState,
     JobStatus,
     NodeTelemetry,
+    TransitionReason,
 )
 
 
@@ -63,22 +67,53 @@ def test_transitions_and_dead_letters_are_counted_with_bounded_labels() -> None:
                                 {"topic": "jobs.commands", "reason": "undecodable"}) == 1
 
 
+def test_the_monitor_labels_a_transition_by_its_code_not_its_text() -> None:
+    reg = CollectorRegistry()
+    shard = ShardView(MonitorMetrics(reg), telemetry_partitions=4)
+    # the words say nothing a prefix table knows; the code says what happened
+    shard.apply(JobStatus(job_id="j", state=JobState.PREEMPTED, reason="quota of q taken "
+                          "back", reason_code=TransitionReason.RECLAIMED))
+    assert reg.get_sample_value("kairos_job_transitions_total",
+                                {"state": "preempted", "reason": "reclaimed"}) == 1
+
+
+def test_an_event_without_a_code_or_with_an_unknown_one_reads_as_before() -> None:
+    """An older producer's event has no ``reason_code``: its text is classified; a newer
+    producer's code this reader lacks reads as ``other``."""
+    old = Envelope.wrap(JobStatus(job_id="j", state=JobState.RUNNING,
+                                  reason="all tasks running"), "scheduler").encode()
+    data = json.loads(old)
+    del data["data"]["reason_code"]  # as an older scheduler wrote it
+    ev = Envelope.decode(json.dumps(data).encode()).payload()
+    assert isinstance(ev, JobStatus) and ev.reason_code is None
+    assert transition_reason(ev) is TransitionReason.STARTED
+    data["data"]["reason_code"] = "teleported"  # a code from a newer producer
+    ev = Envelope.decode(json.dumps(data).encode()).payload()
+    assert isinstance(ev, JobStatus) and transition_reason(ev) is TransitionReason.OTHER
+
+
 @pytest.mark.parametrize(("reason", "expected"), [
     ("admitted by queue (fifo)", TransitionReason.ADMITTED),
     ("all tasks running", TransitionReason.STARTED),
-    ("all tasks succeeded", TransitionReason.COMPLETED),
+    ("all tasks succeeded", TransitionReason.SUCCEEDED),
     ("retry after node lost", TransitionReason.RETRY),
     ("out of retries: task w-0 failed: error", TransitionReason.OUT_OF_RETRIES),
     ("preempted for j-123", TransitionReason.PREEMPTED),
+    ("quota reclaimed: queue a borrowed what b is guaranteed", TransitionReason.RECLAIMED),
     ("node lost", TransitionReason.NODE_LOST),
+    ("3 nodes lost under it: node n1 lost", TransitionReason.NODE_LOST),
     ("cancelled by user", TransitionReason.CANCELLED),
     ("cancelled before placement", TransitionReason.CANCELLED),
+    ("returned", TransitionReason.CANCELLED),
     ("time limit reached", TransitionReason.TIME_LIMIT),
     ("resized", TransitionReason.RESIZED),
+    ("waiting: quota", TransitionReason.WAITING),
+    ("requeued in queue q: its quota was reclaimed", TransitionReason.REQUEUED),
     ("something new", TransitionReason.OTHER),
 ])
-def test_transition_reasons_are_classified(reason: str, expected: TransitionReason) -> None:
-    assert transition_reason(reason) is expected
+def test_an_old_events_text_is_classified(reason: str, expected: TransitionReason) -> None:
+    assert transition_reason(JobStatus(job_id="j", state=JobState.ADMITTED,
+                                       reason=reason)) is expected
 
 
 @pytest.mark.parametrize(("rooms", "shapes", "expected"), [

@@ -147,6 +147,11 @@ def test_a_strict_queue_holds_back_what_is_behind_its_blocked_head() -> None:
     assert admitted(d) == []
     assert reasons(d) == {head: WaitReason.QUOTA, small: WaitReason.PRIORITY}
     assert d.waits[small].detail == f"behind {head} in strict queue s"
+    assert (d.waits[small].blocked_by, d.waits[head].blocked_by) == (head, None)
+    # the queue's waiting list says so too, as the shared vocabulary's codes
+    listed, _ = waiting_lists(d, jobs.held, NOW)
+    assert [(w.job_id, w.reason, w.blocked_by) for w in listed["s"]] == [
+        (head, WaitReason.QUOTA, None), (small, WaitReason.PRIORITY, head)]
 
 
 def test_a_closed_queue_admits_nothing_and_its_jobs_are_listed_last() -> None:

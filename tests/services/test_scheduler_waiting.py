@@ -19,10 +19,11 @@ from typer.testing import CliRunner
 
 from kairos.cli import app as cli
 from kairos.embedded import free_port
-from scheduling import Scheduler, SchedulerConfig
+from scheduling import PendingReason, Scheduler, SchedulerConfig
 from services.admission import store, tokens
 from services.admission.app import create_app
 from services.admission.settings import AdmissionSettings
+from services.scheduler.explain import DETAIL
 from services.scheduler.main import SchedulerService
 from services.scheduler.state import Output, SchedulerState
 from shared.bus import Consumer, ConsumerOptions, Producer
@@ -37,6 +38,8 @@ from shared.events import (
     JobWaiting,
     NodeAction,
     NodeCommand,
+    TransitionReason,
+    WaitReason,
     utcnow,
 )
 from shared.http import HttpServer
@@ -109,6 +112,24 @@ def test_a_new_leader_says_it_again_under_new_event_ids() -> None:
     said = [env for env, _ in again.events if env.type == "job.waiting"]
     assert [e.data["reason"] for e in said] == ["never_fits"]
     assert said[0].id not in first and said[0].id.endswith("-e3-1")
+
+
+def test_b_waits_behind_a_of_higher_priority_and_names_it() -> None:
+    """B, submitted first but of a lower class, would fit were it not for A, which the
+    cycle placed ahead of it: B's wait is ``priority`` behind A, not ``no_fit``."""
+    s = core()
+    b = ready("B").gpus(4).priority_class("low").build()
+    a = ready("A").gpus(6).priority_class("high").build()
+    out = builders.step(s, node("n1"), b, a, now=100)
+    events = [env.payload() for env, _ in out.events]
+    [wait] = [e for e in events if isinstance(e, JobWaiting)]
+    assert (wait.job_id, wait.reason, wait.blocked_by) == ("B", WaitReason.PRIORITY, "A")
+    assert wait.detail == DETAIL[PendingReason.PRIORITY]
+    [bound] = [e for e in events if isinstance(e, JobStatus) and e.job_id == "A"]
+    assert (bound.state, bound.reason_code) == (JobState.BOUND, TransitionReason.PLACED)
+    # next cycle A holds the room: B waits for room, and that is news
+    s.needs_cycle = True
+    assert step(s, 101) == [("B", "no_fit", True)]  # backfill reserves n1 for it
 
 
 class Recording:
@@ -205,11 +226,13 @@ async def test_the_gateway_shows_why_an_admitted_job_waits_for_gpus(db_url: str,
             j = await job()  # its history was read before the wait arrived, maybe
             assert j["state"] == "admitted" and j["waiting"] is None
             wait = j["placement_wait"]
-            assert wait["reason"] == "no_fit"
+            assert (wait["reason"], wait["blocked_by"]) == ("no_fit", None)  # room, not order
             assert wait["detail"] == "no node has room for it now; backfill holds n1 for it"
             assert datetime.fromisoformat(wait["estimated_start"]) == expected
-            assert ("admitted", "waiting: no_fit") in [(h["state"], h["reason"])
-                                                       for h in j["history"]]
+            assert ("admitted", "waiting: no_fit", "waiting") in [
+                (h["state"], h["reason"], h["reason_code"]) for h in j["history"]]
+            # the admitted status above is sent as an older queueing did: without a code
+            assert ("admitted", None) in [(h["state"], h["reason_code"]) for h in j["history"]]
             result = await asyncio.to_thread(CliRunner().invoke, cli, [
                 "describe", second.job_id, "--url", url, "--token", token])
             assert result.exit_code == 0, result.output

@@ -8,10 +8,15 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from shared.events.reasons import TransitionCode, WaitCode
+
 
 class HistoryEntry(BaseModel):
     state: str
     reason: str
+    reason_code: TransitionCode = Field(
+        default=None, description="the transition's code (admitted, placed, started, "
+        "succeeded, preempted, retry, ...); empty for history from before codes")
     attempt: int
     exit_code: int | None = None
     task: str | None = None
@@ -34,19 +39,24 @@ class WaitingOut(BaseModel):
 
     queue: str
     position: int = Field(description="1 = next in its queue's order")
-    reason: str = Field(description="quota | reclaim | queue_closed | priority | array_limit")
+    reason: WaitCode = Field(description="quota | reclaim | queue_closed | priority | "
+                             "array_limit")
     detail: str
     estimated_start: datetime | None
+    blocked_by: str | None = Field(default=None, description="priority: the job ahead of "
+                                   "it in its strict queue")
     updated_at: datetime
 
 
 class PlacementWaitOut(BaseModel):
     """Why the scheduler has not placed an admitted job yet."""
 
-    reason: str = Field(description="no_fit | gang_incomplete | never_fits | preempting | "
-                        "priority | backfill_blocked | gpu_model | affinity | "
-                        "no_matching_node | cordoned | quota")
+    reason: WaitCode = Field(description="no_fit | gang_incomplete | never_fits | "
+                             "preempting | priority | backfill_blocked | gpu_model | "
+                             "affinity | no_matching_node | cordoned | quota")
     detail: str
+    blocked_by: str | None = Field(
+        default=None, description="priority / backfill_blocked: the job it waits behind")
     estimated_start: datetime | None = Field(
         description="when backfill expects it to start; empty = no estimate")
     updated_at: datetime = Field(description="when the scheduler last said so")
@@ -118,6 +128,7 @@ class StreamedEvent(BaseModel):
     job_id: str
     state: str
     reason: str
+    reason_code: TransitionCode = Field(default=None, description="the transition's code")
     attempt: int
     exit_code: int | None = None
     task: str | None = None

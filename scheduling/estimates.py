@@ -1,0 +1,109 @@
+"""Run-time estimates from the history of finished jobs: a point estimate for the policy
+and quantiles of the time left for a forecast's band. Pure: no clock, no I/O; the
+simulator and the live services feed it finished jobs and ask it about others.
+
+Jobs are "similar" when they share a tenant and a GPU count (else the GPU count alone,
+else any job): Philly's durations vary over five orders of magnitude, but a tenant's jobs
+of one size repeat (the same sweep, the same model).
+
+The point estimate is the median of the last ``HISTORY`` similar jobs (what the
+``default`` policy ranks by; the simulator's results depend on it staying exactly this).
+Quantiles come from a longer window (``WINDOW``) and, for a job that has run for a while,
+only from similar jobs that ran longer than that (the duration *conditioned on attained
+service*, minus what it has done): a job that has outlived most of its peers is expected
+to run long, as heavy tails say.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+HISTORY = 30  # finished jobs a point estimate looks back on (Philly 10k, 64x8: 50 -> 7.89 h, 30 -> 7.72 h)
+WINDOW = 200  # finished jobs the quantiles look back on
+MIN_SAMPLES = 5  # fewer similar jobs than this: widen to the next, coarser pool
+Key = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Spread:
+    """Seconds of running left at three quantiles (``low`` <= ``mid`` <= ``high``)."""
+
+    low: float
+    mid: float
+    high: float
+
+    @classmethod
+    def exactly(cls, s: float) -> Spread:
+        return cls(s, s, s)
+
+    def at(self, which: int) -> float:
+        """0: low, 1: mid, 2: high."""
+        return (self.low, self.mid, self.high)[which]
+
+
+class DurationHistory:
+    """Durations of finished jobs by (tenant, GPUs) and by GPUs, in finishing order."""
+
+    def __init__(self, quantiles: tuple[float, float] = (0.1, 0.9)) -> None:
+        self.by_key: dict[Key, list[float]] = {}
+        self.by_size: dict[int, list[float]] = {}
+        self.every: list[float] = []
+        self.gpu_s = 0.0  # GPU-seconds of every finished job
+        self.quantiles = quantiles
+
+    def learn(self, tenant: str, gpus: int, duration_s: float) -> None:
+        self.by_key.setdefault((tenant, gpus), []).append(duration_s)
+        self.by_size.setdefault(gpus, []).append(duration_s)
+        self.every.append(duration_s)
+        self.gpu_s += gpus * duration_s
+
+    def estimate(self, tenant: str, gpus: int) -> float | None:
+        """The policy's estimate: the median of the last ``HISTORY`` similar jobs."""
+        xs = self.by_key.get((tenant, gpus)) or self.by_size.get(gpus)
+        return statistics.median(xs[-HISTORY:]) if xs else None
+
+    def mean_gpu_s(self) -> float | None:
+        """Mean GPU-seconds of a finished job (the naive forecast's unit of work)."""
+        return self.gpu_s / len(self.every) if self.every else None
+
+    def spread(self, tenant: str, gpus: int, ran_s: float = 0.0, point: float | None = None) -> Spread | None:
+        """Time left of a job that has run ``ran_s``: the (low, high) quantiles of
+        ``duration - ran_s`` over similar jobs that ran longer than ``ran_s``, and
+        ``point`` (else their median) as the middle. None: nothing finished yet."""
+        for pool in (self.by_key.get((tenant, gpus)), self.by_size.get(gpus), self.every):
+            left = _left(pool, ran_s)
+            if left is not None and left.size >= MIN_SAMPLES:
+                break
+        else:
+            if not self.every:
+                return None
+            # it outlived every similar job on record: as long again (the core's rule)
+            left = np.asarray([max(ran_s, 1.0)])
+        lo, mid, hi = np.quantile(left, (self.quantiles[0], 0.5, self.quantiles[1])).tolist()
+        if point is not None and ran_s == 0.0:
+            mid = point
+        return Spread(min(lo, mid), mid, max(hi, mid))
+
+
+def _left(pool: Sequence[float] | None, ran_s: float) -> np.ndarray | None:
+    if not pool:
+        return None
+    xs = np.asarray(pool[-WINDOW:], dtype=float)
+    xs = xs[xs > ran_s] - ran_s
+    return xs if xs.size else None
+
+
+def remaining_by_rule(estimate_s: float | None, ran_s: float, unknown_s: float = 3600.0) -> float:
+    """The core's own expectation (``srpt``'s ``expected_left``): the estimate minus what
+    it did; past the estimate, or with none, as long again (at least ``unknown_s`` for a
+    job that has not run)."""
+    if estimate_s is not None and not math.isnan(estimate_s) and ran_s < estimate_s:
+        return estimate_s - ran_s
+    if estimate_s is None:
+        return max(ran_s, unknown_s - ran_s, 1.0)
+    return max(ran_s, 1.0)

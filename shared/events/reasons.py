@@ -1,0 +1,180 @@
+"""The one vocabulary of reasons: why a job waits, and why a job changed state.
+
+Events, the gateway's API and metric labels all use these codes; the free text beside
+them (``detail``, ``JobStatus.reason``) is for people. The scheduling core keeps its own
+``PendingReason`` (it imports nothing from ``shared``): every one of its values is a
+``WaitReason`` of the same name (``from_pending``; a test holds the two in step).
+
+**WaitReason** — why a job is not running yet (``JobWaiting.reason``,
+``WaitingJob.reason``, the gateway's ``waiting`` / ``placement_wait``):
+
+============================  ==========================================  ==============
+code                          meaning                                     set by
+============================  ==========================================  ==============
+``quota``                     its queue (or a cohort above) has no quota  queueing, core
+                              left for it now
+``reclaim``                   within its guarantee: borrowers are being   queueing
+                              preempted for it
+``queue_closed``              its queue is closed                         queueing
+``array_limit``               its job array runs as many elements as it   queueing
+                              may
+``priority``                  it waits behind earlier or higher-priority  queueing (a
+                              work: ``blocked_by`` names that job         strict queue),
+                                                                          scheduler
+``no_fit``                    no node has room for it now                 scheduler
+``gang_incomplete``           only part of its gang fits now              scheduler
+``never_fits``                larger than the whole healthy cluster       scheduler
+``backfill_blocked``          starting it would delay the job backfill    scheduler
+                              holds capacity for (``blocked_by``)
+``gpu_model``                 no GPU of an allowed model is free          scheduler
+``preempting``                lower-priority work is stopping for it      scheduler
+``affinity``                  a required (anti-)affinity rule fails now   scheduler
+``no_matching_node``          its selector or taints exclude every node   scheduler
+``cordoned``                  room for it only on cordoned nodes          scheduler
+``unknown``                   a reader's fallback for a code it does not  readers
+                              know (a newer producer)
+============================  ==========================================  ==============
+
+**TransitionReason** — why a ``JobStatus`` was sent (``JobStatus.reason_code``, the
+monitor's ``kairos_job_transitions_total{reason}``):
+
+==================  ==================================================  ==============
+code                meaning                                             set by
+==================  ==================================================  ==============
+``admitted``        admitted by its queue (state admitted)              queueing
+``waiting``         its reason to wait in its queue changed (pending)   queueing
+``requeued``        back in its queue after a reclaim (pending)         queueing
+``no_queue``        no queue to hold it (failed)                        queueing
+``placed``          bound to nodes (bound)                              scheduler
+``started``         all its tasks run (running)                         scheduler
+``succeeded``       all its tasks succeeded                             scheduler
+``resized``         an elastic resize changed its replicas              scheduler
+``retry``           a new attempt after a failure, preemption or lost   scheduler
+                    node (admitted)
+``out_of_retries``  failed, no retry left                               scheduler
+``preempted``       stopped for a higher-priority job                   scheduler
+``reclaimed``       stopped and handed back to its queue: quota         scheduler
+                    reclaimed (preempted)
+``node_lost``       failed: too many nodes lost under it                scheduler
+``time_limit``      reached its spec's timeLimit (failed / cancelled)   scheduler
+``cancelled``       cancelled by its user, or returned (interactive)    queueing,
+                                                                        scheduler
+``other``           none of the above; also an unknown code's fallback  readers
+==================  ==================================================  ==============
+
+An event from an older producer has no ``reason_code``: ``classify_transition`` reads it
+from the text, as the monitor did before codes existed.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
+
+
+class WaitReason(StrEnum):
+    """Why a job waits; the table above says who sets which."""
+
+    QUOTA = "quota"
+    RECLAIM = "reclaim"
+    QUEUE_CLOSED = "queue_closed"
+    ARRAY_LIMIT = "array_limit"
+    PRIORITY = "priority"
+    NO_FIT = "no_fit"
+    GANG_INCOMPLETE = "gang_incomplete"
+    NEVER_FITS = "never_fits"
+    BACKFILL_BLOCKED = "backfill_blocked"
+    GPU_MODEL = "gpu_model"
+    PREEMPTING = "preempting"
+    AFFINITY = "affinity"
+    NO_MATCHING_NODE = "no_matching_node"
+    CORDONED = "cordoned"
+    UNKNOWN = "unknown"
+
+
+class TransitionReason(StrEnum):
+    """Why a job changed state; the table above says who sets which."""
+
+    ADMITTED = "admitted"
+    WAITING = "waiting"
+    REQUEUED = "requeued"
+    NO_QUEUE = "no_queue"
+    PLACED = "placed"
+    STARTED = "started"
+    SUCCEEDED = "succeeded"
+    RESIZED = "resized"
+    RETRY = "retry"
+    OUT_OF_RETRIES = "out_of_retries"
+    PREEMPTED = "preempted"
+    RECLAIMED = "reclaimed"
+    NODE_LOST = "node_lost"
+    TIME_LIMIT = "time_limit"
+    CANCELLED = "cancelled"
+    OTHER = "other"
+
+
+# the codes queueing sets (the rest are the scheduler's)
+QUEUEING_WAITS = (WaitReason.QUOTA, WaitReason.RECLAIM, WaitReason.QUEUE_CLOSED,
+                  WaitReason.ARRAY_LIMIT, WaitReason.PRIORITY)
+
+
+def wait_reason(value: object) -> WaitReason:
+    """The code for ``value``; ``unknown`` for one this reader does not know."""
+    if isinstance(value, str) and value in WaitReason._value2member_map_:
+        return WaitReason(value)
+    return WaitReason.UNKNOWN
+
+
+def from_pending(value: str) -> WaitReason:
+    """The core's ``PendingReason`` (by value) as a wait code: the same name."""
+    return wait_reason(value)
+
+
+def _transition(value: Any) -> Any:
+    if value is None or isinstance(value, TransitionReason):
+        return value
+    try:
+        return TransitionReason(value)
+    except ValueError:
+        return TransitionReason.OTHER
+
+
+# the event fields: a newer producer's code this reader lacks reads as the fallback
+# instead of failing the whole event
+WaitCode = Annotated[WaitReason, BeforeValidator(
+    lambda v: v if isinstance(v, WaitReason) else wait_reason(v))]
+TransitionCode = Annotated[TransitionReason | None, BeforeValidator(_transition)]
+
+# An older producer's text, by prefix (first match wins): what the scheduler and
+# queueing wrote before codes (services/scheduler/jobs.py, state.py, resizes.py,
+# services/queueing/messages.py).
+_PREFIXES = (
+    ("admitted", TransitionReason.ADMITTED),
+    ("waiting", TransitionReason.WAITING),
+    ("requeued", TransitionReason.REQUEUED),
+    ("no queue", TransitionReason.NO_QUEUE),
+    ("placed", TransitionReason.PLACED),
+    ("all tasks running", TransitionReason.STARTED),
+    ("all tasks succeeded", TransitionReason.SUCCEEDED),
+    ("resized", TransitionReason.RESIZED),
+    ("out of retries", TransitionReason.OUT_OF_RETRIES),
+    ("retry", TransitionReason.RETRY),
+    ("preempted", TransitionReason.PREEMPTED),
+    ("quota reclaimed", TransitionReason.RECLAIMED),
+    ("node lost", TransitionReason.NODE_LOST),
+    ("time limit", TransitionReason.TIME_LIMIT),
+    ("returned", TransitionReason.CANCELLED),
+)
+
+
+def classify_transition(text: str) -> TransitionReason:
+    """The code of a transition that came without one, from its text."""
+    low = text.strip().lower()
+    for prefix, code in _PREFIXES:
+        if low.startswith(prefix):
+            return code
+    if "nodes lost under it" in low:
+        return TransitionReason.NODE_LOST
+    return TransitionReason.CANCELLED if "cancel" in low else TransitionReason.OTHER

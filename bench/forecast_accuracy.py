@@ -32,7 +32,6 @@ from sim.forecast_experiment import run, summary, synthetic_snapshot
 from sim.policies import policy_config, policy_settings
 from sim.traces import PHILLY, load_philly
 
-
 # forecasts by how far ahead the actual start was (the hard ones are the long waits)
 WAITS = (("under 5 min", 0.0, 300.0), ("5 min to 1 h", 300.0, 3600.0), ("over 1 h", 3600.0, float("inf")))
 

@@ -1,6 +1,10 @@
 """What the gateway's routes depend on, as ``Annotated[..., Depends(...)]`` aliases (the
 FastAPI full-stack template's ``api/deps.py``). Each reads ``request.app.state``, which
 ``app.create_app`` fills once per app, so a route names what it needs and nothing else.
+
+Every dependency is ``async def`` though none awaits: FastAPI runs a plain ``def``
+dependency in a worker thread, a thread hand-off per dependency per request (measured:
++40% gateway CPU per submit with them sync, ``bench/admission_submit.py``).
 """
 
 from __future__ import annotations
@@ -22,37 +26,37 @@ from services.admission.tokens import TokenCache
 _bearer = HTTPBearer(auto_error=False, description="an API token: `kairos token create`")
 
 
-def get_engine(request: Request) -> AsyncEngine:
+async def get_engine(request: Request) -> AsyncEngine:
     engine: AsyncEngine = request.app.state.engine
     return engine
 
 
-def get_settings(request: Request) -> AdmissionSettings:
+async def get_settings(request: Request) -> AdmissionSettings:
     settings: AdmissionSettings = request.app.state.settings
     return settings
 
 
-def get_token_cache(request: Request) -> TokenCache:
+async def get_token_cache(request: Request) -> TokenCache:
     cache: TokenCache = request.app.state.token_cache
     return cache
 
 
-def get_queue_cache(request: Request) -> QueueCache:
+async def get_queue_cache(request: Request) -> QueueCache:
     cache: QueueCache = request.app.state.queue_cache
     return cache
 
 
-def get_cluster_shapes(request: Request) -> ClusterShapes:
+async def get_cluster_shapes(request: Request) -> ClusterShapes:
     shapes: ClusterShapes = request.app.state.cluster_shapes
     return shapes
 
 
-def get_log_proxy(request: Request) -> LogProxySettings:
+async def get_log_proxy(request: Request) -> LogProxySettings:
     proxy: LogProxySettings = request.app.state.log_proxy
     return proxy
 
 
-def get_job_events_feed(request: Request) -> JobEventsFeed:
+async def get_job_events_feed(request: Request) -> JobEventsFeed:
     feed: JobEventsFeed = request.app.state.job_events_feed
     return feed
 
@@ -66,7 +70,7 @@ LogProxyDep = Annotated[LogProxySettings, Depends(get_log_proxy)]
 JobEventsFeedDep = Annotated[JobEventsFeed, Depends(get_job_events_feed)]
 
 
-def get_intake(engine: EngineDep, settings: SettingsDep, queues: QueueCacheDep,
+async def get_intake(engine: EngineDep, settings: SettingsDep, queues: QueueCacheDep,
                shapes: ClusterShapesDep) -> Intake:
     return Intake(engine, settings, queues, shapes)
 
@@ -85,7 +89,7 @@ async def authenticate(
 Caller = Annotated[Principal, Depends(authenticate)]
 
 
-def require_admin(caller: Caller) -> Principal:
+async def require_admin(caller: Caller) -> Principal:
     return admin_only(caller)
 
 

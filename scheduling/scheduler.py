@@ -77,9 +77,11 @@ class Scheduler:
                 a.execute(s)
             for a in self.actions:
                 a.close()
-            name_blockers(s)
+            # a cordon first: uncordoning is what would start such a job, which says more
+            # than the job that took the schedulable room
             if cycle.table.cordoned.any():
                 blame_cordon(s)
+            name_blockers(s)
             return s.plan
 
     def order(self, snapshot: Snapshot) -> list[JobRequest]:

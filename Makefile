@@ -55,7 +55,7 @@ test-loaded: tools ## the whole test suite beside a CPU hog on every core
 bench: $(STAMP) ## end-to-end latency benchmark (writes bench/results/e2e_latency.json)
 	$(BIN)/python bench/e2e_latency.py
 
-bench-sim: $(STAMP) ## simulator tables + plots: openb fill (10 seeds), Muri, the whole Philly trace (about 15 min on 2 cores)
+bench-sim: $(STAMP) ## simulator tables + plots: openb fill (7 lists x 10 seeds, ~15 min), Muri, the whole Philly trace (about 30 min on 2 cores)
 	$(BIN)/python bench/sim_openb.py && $(BIN)/python bench/sim_muri.py --workers 2 && $(BIN)/python bench/sim_philly.py
 
 clean: ## remove the virtualenv and local state

@@ -25,14 +25,20 @@ TimeUnitOpt = Annotated[TimeUnit | None, typer.Option("--time-unit", help=TIME_U
 
 @app.command()
 def openb(
-    lists: Annotated[list[str], typer.Option("--list", help="pod lists")] = ["default", "gpushare100", "multigpu50"],  # noqa: B006
+    lists: Annotated[list[str] | None, typer.Option(
+        "--list", help="pod list: a name (default, gpushare100, multigpu50, cpu050 .. cpu250) or a CSV path; "
+        "repeat the option (default: all seven names)")] = None,
     seeds: Annotated[int, typer.Option(help="seeds 42..42+n-1")] = 10,
     out: Annotated[Path, typer.Option()] = Path("bench/results/sim_openb.json"),
 ) -> None:
     """The FGD fill experiment (Random, BestFit, FGD, Kairos) on Alibaba openb."""
-    from sim.openb_experiment import main
+    from sim.openb_experiment import LISTS, main
+    from sim.traces import TraceError
 
-    main(lists, list(range(42, 42 + seeds)), out)
+    try:
+        main(lists or list(LISTS), list(range(42, 42 + seeds)), out)
+    except TraceError as e:
+        raise typer.BadParameter(str(e), param_hint="--list") from e
 
 
 @app.command()

@@ -11,7 +11,7 @@ import math
 import random
 import statistics
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
@@ -219,16 +219,56 @@ class OpenbPod:
         return self.gpu_milli if self.shared else self.num_gpu * 1000
 
 
+OPENB_POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
+
+
 def load_openb_pods(path: Path | str) -> list[OpenbPod]:
     """Pod list; the five columns name, cpu_milli, memory_mib, num_gpu, gpu_milli are
-    required, ``gpu_spec`` (``|``-separated allowed models) and the rest optional."""
+    required, ``gpu_spec`` (``|``-separated allowed models) and the rest optional. A file
+    that is not such a list (missing, not text, no rows, a bad value) is a ``TraceError``
+    that names the file and the row."""
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"{path}: no such pod list" + (" (a directory)" if path.is_dir() else ""))
     out = []
-    for r in _rows(Path(path), ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")):
-        spec = (r.get("gpu_spec") or "").strip()
-        out.append(OpenbPod(r["name"].strip(), int(float(r["cpu_milli"])), int(float(r["memory_mib"])),
-                            int(float(r["num_gpu"])), int(float(r["gpu_milli"] or 0)),
-                            tuple(m for m in spec.split("|") if m)))
+    try:
+        for k, r in enumerate(_rows(path, OPENB_POD_COLUMNS), start=2):
+            try:
+                spec = (r.get("gpu_spec") or "").strip()
+                pod = OpenbPod(r["name"].strip(), int(float(r["cpu_milli"])), int(float(r["memory_mib"])),
+                               int(float(r["num_gpu"])), int(float(r["gpu_milli"] or 0)),
+                               tuple(m for m in spec.split("|") if m))
+            except (TypeError, ValueError, AttributeError):
+                raise TraceError(f"{path}, row {k}: not an openb pod ({ {c: r.get(c) for c in OPENB_POD_COLUMNS} })"
+                                 ) from None
+            if min(pod.cpu_milli, pod.memory_mib, pod.num_gpu, pod.gpu_milli) < 0 or pod.gpu_milli > 1000:
+                raise TraceError(f"{path}, row {k}: a negative request or gpu_milli over 1000 ({pod})")
+            out.append(pod)
+    except UnicodeDecodeError:
+        raise TraceError(f"{path}: not a text (CSV) pod list") from None
+    except csv.Error as e:
+        raise TraceError(f"{path}: not a CSV pod list ({e})") from None
+    if not out:
+        raise TraceError(f"{path}: an openb pod list with no pods")
     return out
+
+
+def with_cpu_share(pods: Sequence[OpenbPod], share: float, seed: int = 0) -> list[OpenbPod]:
+    """An openb list whose CPU-only tasks are ``share`` of all tasks, as the FGD
+    artifact's ``cpu050``-``cpu250`` lists were made from the default list: every GPU
+    task kept, CPU-only tasks drawn (seeded, with replacement) from the list's own and
+    put first (``openb_pod_list_cpu250`` has the default's 7,064 GPU tasks and 2,356
+    CPU-only ones: 25.0%)."""
+    if not 0 <= share < 1:
+        raise TraceError(f"a CPU-only share must be in [0, 1), not {share}")
+    gpu = [p for p in pods if p.num_gpu or p.gpu_milli]
+    cpu = [p for p in pods if not (p.num_gpu or p.gpu_milli)]
+    want = math.ceil(len(gpu) * share / (1 - share) - 1e-9)
+    if want and not cpu:
+        raise TraceError("the list has no CPU-only task to draw from")
+    rng = random.Random(seed)
+    drawn = [cpu[rng.randrange(len(cpu))] for _ in range(want)]
+    return [replace(p, name=f"{p.name}-c{k}") for k, p in enumerate(drawn)] + gpu
 
 
 def load_openb_nodes(path: Path | str = OPENB / "openb_node_list_gpu_node.csv") -> tuple[Node, ...]:

@@ -18,8 +18,7 @@ one numpy gather, so only nodes whose state is new cost Python work.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
-from functools import lru_cache
+from collections.abc import Hashable
 from operator import attrgetter
 from typing import Literal
 
@@ -30,11 +29,12 @@ from scheduling.arrays import FloatArray, IntArray
 from scheduling.framework import Cycle, PlacementHints, Placing, Plugin, register
 from scheduling.model import GpuUse, JobRequest, TaskRequest, TaskShape
 from scheduling.node_table import NodeTable
+from scheduling.plugins.fgd_frag import _Type, fragmentation, live_mix, task_shapes, typical_mix
 from scheduling.stash import swap
 from scheduling.state import ClusterState
 
-# (p, whole GPUs, per-GPU memory, per-GPU compute %, cpu, memory, allowed model codes or None)
-_Type = tuple[float, int, int, int, int, int, frozenset[int] | None]
+__all__ = ["MIX_MEMOS", "Fgd", "FgdArgs", "_Type", "fragmentation", "live_mix", "task_shapes", "typical_mix"]
+
 _Key = tuple[int, int, int, tuple[int, ...], tuple[int, ...]]
 # one mix's memos: generation, F by state, F by canonical state, increase by task type, GPU choice
 _MixMemo = tuple[int, dict[int, float], dict[tuple[object, ...], float], dict[tuple[object, ...], FloatArray],
@@ -55,85 +55,9 @@ class FgdArgs(BaseModel):
         "exact", description="exact: -(increase of F), rounded to 1e-9 so that float noise never "
         "breaks a tie; paper: the public simulator's integer score int(levels * sigmoid(-increase))")
     levels: int = Field(100, ge=2, description="integer score levels of the paper score (theirs: 100)")
-
-
-@lru_cache(maxsize=4096)
-def _tie(s: TaskShape) -> str:
-    """Equally popular types are ranked by their repr (a stable, total order)."""
-    return repr(s)
-
-
-def typical_mix(shapes: Iterable[TaskShape], popularity_pct: float = 60.0, step: int = 10,
-                include_cpu: bool = False) -> list[TaskShape]:
-    """Most popular task types covering ``popularity_pct`` of tasks, renormalised."""
-    count: dict[TaskShape, float] = {}
-    for s in shapes:
-        if not include_cpu and not (s.gpu or s.gpu_memory_mib or s.gpu_compute_pct):
-            continue
-        k = TaskShape(1.0, s.gpu, s.gpu_memory_mib, s.gpu_compute_pct, s.cpu_milli, s.memory_mib,
-                      s.gpu_models)
-        count[k] = count.get(k, 0.0) + s.weight
-    total = sum(count.values())
-    if total <= 0:
-        return []
-    ranked = sorted(count.items(), key=lambda kv: (-kv[1], _tie(kv[0])))
-    kept: list[tuple[TaskShape, float]] = []
-    covered = 0.0
-    while covered < popularity_pct / 100.0 * total and len(kept) < len(ranked):
-        for shape, w in ranked[len(kept): len(kept) + step]:
-            kept.append((shape, w))
-            covered += w
-    return [TaskShape(w / covered, s.gpu, s.gpu_memory_mib, s.gpu_compute_pct, s.cpu_milli,
-                      s.memory_mib, s.gpu_models) for s, w in kept]
-
-
-def live_mix(shapes: list[TaskShape], step: float) -> list[TaskShape]:
-    """The mix of the jobs pending and running now, its shares rounded to ``step``: it
-    then stays the same object of comparison while jobs come and go (a new mix starts
-    the fragmentation memo and every kept placement score over), and a type below half
-    a step is dropped. Unchanged when rounding would drop every type."""
-    if step <= 0:
-        return shapes
-    out = [TaskShape(round(s.weight / step) * step, s.gpu, s.gpu_memory_mib, s.gpu_compute_pct, s.cpu_milli,
-                     s.memory_mib, s.gpu_models) for s in shapes]
-    out = [s for s in out if s.weight > 0]
-    return out or shapes
-
-
-def task_shapes(tasks: Iterable[tuple[TaskRequest, tuple[str, ...], int]]) -> list[TaskShape]:
-    """Task types of (task, allowed models, replicas), each once with its replicas
-    summed (what ``typical_mix`` counts); FGD's key omits host memory."""
-    count: dict[tuple[int, int, int, int, tuple[str, ...]], int] = {}
-    for t, models, n in tasks:
-        k = (t.gpu, t.gpu_memory_mib, t.gpu_compute_pct, t.cpu_milli, models)
-        count[k] = count.get(k, 0) + n
-    return [TaskShape(float(n), g, gm, gc, cpu, 0, models) for (g, gm, gc, cpu, models), n in count.items()]
-
-
-def fragmentation(gm: Sequence[int], gc: Sequence[int], total_mem: Sequence[int], ok: Sequence[bool],
-                  models: Sequence[int], cpu: int, mem: int, mix: Sequence[_Type]) -> float:
-    """F_n(M) of one node, in GPUs: per GPU free memory ``gm`` and compute % ``gc``,
-    ``ok`` usable (healthy, not MIG), ``models`` model codes; free host ``cpu``, ``mem``."""
-    usable = [j for j in range(len(ok)) if ok[j]]
-    free = sum(gc[j] for j in usable) / 100.0
-    f = 0.0
-    for p, g, mm, mc, tcpu, tmem, allowed in mix:
-        cols = usable if allowed is None else [j for j in usable if models[j] in allowed]
-        if not (g or mm or mc) or not cols:
-            f += p * free  # GPU-less type or no GPU of its model: nothing here serves it
-            continue
-        if g:
-            fits = [j for j in cols if gc[j] >= 100 and gm[j] >= total_mem[j]]
-            host = len(fits) >= g
-        else:
-            fits = [j for j in cols if gm[j] >= mm and gc[j] >= mc]
-            host = bool(fits)
-        if host and cpu >= tcpu and mem >= tmem:
-            fit = set(fits)  # the paper's Q3 case: only GPUs too small for m are fragments
-            f += p * sum(gc[j] for j in usable if j not in fit) / 100.0
-        else:
-            f += p * free  # m cannot run here at all: every free GPU is a fragment
-    return f
+    gpu_pick: Literal["exact", "paper"] = Field(
+        "exact", description="a share's GPU: exact: least increase of F, ties to the fuller GPU; paper: the "
+        "lowest-index GPU of the best paper score (the public simulator's)")
 
 
 @register
@@ -283,6 +207,7 @@ class Fgd(Plugin):
                 gm2[j], gc2[j] = 0, 0
             return self.frag(self._intern((cls, cpu2, mem2, tuple(gm2), tuple(gc2)))) - before, -1
         best, col = np.inf, -1
+        paper = self.args.gpu_pick == "paper"
         seen = set()
         for j in cols:
             if gm[j] < t.gpu_memory_mib or gc[j] < t.gpu_compute_pct:
@@ -296,10 +221,17 @@ class Fgd(Plugin):
             gc2[j] -= t.gpu_compute_pct
             d = self.frag(self._intern((cls, cpu2, mem2, tuple(gm2), tuple(gc2)))) - before
             d += self.share_cost(gc[j], gc2[j])
-            # ties: the fuller GPU (best fit), then the lower index
-            if d < best - 1e-12 or (abs(d - best) <= 1e-12 and col >= 0 and gc2[j] < gc[col] - t.gpu_compute_pct):
+            if paper:  # the first GPU of the best integer score, as the public simulator picks
+                if col < 0 or self.paper_score(d) > self.paper_score(best):
+                    best, col = d, j
+            # else ties: the fuller GPU (best fit), then the lower index
+            elif d < best - 1e-12 or (abs(d - best) <= 1e-12 and col >= 0 and gc2[j] < gc[col] - t.gpu_compute_pct):
                 best, col = d, j
         return best, col
+
+    def paper_score(self, d: float) -> float:
+        """The public simulator's node score for an increase ``d`` of F (GPUs)."""
+        return float(np.floor(self.args.levels / (1.0 + np.exp(min(d, 700.0)))))
 
     def share_cost(self, before_pct: int, after_pct: int) -> float:
         """Extra cost of a share taking one GPU from ``before_pct`` to ``after_pct`` free

@@ -1,7 +1,15 @@
 from __future__ import annotations
 
 from scheduling import Scheduler, Snapshot
-from sim.fill import fill_config, gpu_capacity_milli, inflate, run_fill, to_job, workload_mix
+from sim.fill import (
+    fill_config,
+    gpu_capacity_milli,
+    inflate,
+    node_order,
+    run_fill,
+    to_job,
+    workload_mix,
+)
 from sim.traces import OPENB, load_openb_nodes, load_openb_pods
 
 
@@ -28,13 +36,14 @@ def test_batched_fill_equals_one_call_per_task(slice_file):
     for policy in ("BestFit", "FGD", "Kairos"):
         batched = run_fill(nodes, pods, policy, seed=42)
         tasks = inflate(pods, gpu_capacity_milli(nodes), 42)
+        shuffled = node_order(nodes, 42)  # the order the fill of seed 42 presents
         sched = Scheduler(fill_config(policy, 42))
         mix = workload_mix(pods)
         allocs: tuple = ()
         placed = 0
         from scheduling import Allocation
         for k, p in enumerate(tasks):
-            plan = sched.schedule(Snapshot(0.0, nodes, allocs, (to_job(k, p),), task_mix=mix))
+            plan = sched.schedule(Snapshot(0.0, shuffled, allocs, (to_job(k, p),), task_mix=mix))
             allocs = allocs + tuple(Allocation(b.job_id, b.task_id, b.node_id, b.gpus, b.cpu_milli, b.memory_mib)
                                     for b in plan.binds)
             placed += bool(plan.binds)

@@ -23,10 +23,11 @@ from services.admission import forecaster, queues_view
 from services.admission.accept import Intake
 from services.admission.arrays import element_spec
 from services.admission.auth import Principal
-from services.admission.models.dry_run import Amounts, DryRunForecast, DryRunOut, DryRunQuota
+from services.admission.models.dry_run import DryRunForecast, DryRunOut, DryRunQuota, QuotaDemand
 from services.admission.queue_check import queue_specs
 from services.admission.store import new_job_id
 from shared.bus import check_size
+from shared.durations import in_words
 from shared.events import Envelope, JobSubmitted, utcnow
 from shared.events.reasons import WaitReason
 from shared.job_array import element_id, new_array_id
@@ -87,7 +88,7 @@ async def quota_verdict(intake: Intake, spec: JobSpec) -> DryRunQuota:
     each queue's own)."""
     rows = await intake.queues.rows(intake.engine)
     ask = spec_demand(spec)
-    amounts = Amounts(gpus=ask[0], cpu_milli=ask[1], memory_mib=ask[2])
+    amounts = QuotaDemand(gpus=ask[0], cpu_milli=ask[1], memory_mib=ask[2])
     tree = intake.queues.derived.get("tree") or QueueTree(
         queue_specs(list(rows.values())).values())
     if spec.queue not in tree.specs:  # the default queue before queueing announced it
@@ -141,21 +142,6 @@ async def forecast(intake: Intake, caller: Principal, one: JobSpec) -> DryRunFor
         waits_for=f.waits_for)
 
 
-def duration(s: float) -> str:
-    """Seconds in words a person reads at a glance: 45 s, 12 min, 2 h 10 min, 3 d 4 h."""
-    s = max(0.0, s)
-    if s < 59.5:
-        return f"{round(s)} s"
-    m = round(s / 60)
-    if m < 60:
-        return f"{m} min"
-    h, m = divmod(m, 60)
-    if h < 24:
-        return f"{h} h" + (f" {m} min" if m else "")
-    d, h = divmod(h, 24)
-    return f"{d} d" + (f" {h} h" if h else "")
-
-
 def _band(point: str, low: str, high: str) -> str:
     """``between 8 and 20`` when all three are in one unit (the point says which)."""
     unit = re.fullmatch(r"\d+ (s|min)", point)
@@ -178,13 +164,13 @@ def summary(out: DryRunOut, now: float) -> str:
     f = out.forecast
     if f is not None and f.start is not None:
         wait = f.start.timestamp() - now
-        when = "now" if wait <= NOW_S else f"in about {duration(wait)}"
+        when = "now" if wait <= NOW_S else f"in about {in_words(wait)}"
         if f.start_low is not None and f.start_high is not None and wait > NOW_S:
-            low, high = (duration(t.timestamp() - now) for t in (f.start_low, f.start_high))
-            when += f" ({_band(duration(wait), low, high)})"
+            low, high = (in_words(t.timestamp() - now) for t in (f.start_low, f.start_high))
+            when += f" ({_band(in_words(wait), low, high)})"
         parts.append(f"would start {when}" + (f" on {_nodes(f.nodes)}" if f.nodes else ""))
         if f.finish is not None:
-            parts.append(f"would finish about {duration(f.finish.timestamp() - now)} from now")
+            parts.append(f"would finish about {in_words(f.finish.timestamp() - now)} from now")
     elif f is not None:
         parts.append("no start expected within the forecast's horizon")
     else:

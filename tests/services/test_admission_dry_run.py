@@ -2,32 +2,27 @@
 PostgreSQL: nothing stored or published, the same refusals as a submit, the quota's
 verdict from the usage queueing announced, and the forecast from a forecaster.
 
-The forecaster here is a small HTTP server that implements the service's contract
-(``POST /v1/what-if``) with answers the test chooses: it stands in for the forecaster
-service until the end-to-end test runs the real one."""
+The forecaster here is ``forecaster_stub``: a small HTTP server with the service's
+contract (``POST /v1/what-if``) and the answers a test chooses. It stands in for the
+forecaster service until the end-to-end test runs the real one."""
 
 from __future__ import annotations
 
-import asyncio
 import re
-import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from kairos.embedded import free_port
 from shared.bus import Producer
 from shared.events import QueueStatus
-from shared.http import HttpServer
 from shared.outbox import OutboxRelay
 from shared.topics import JOBS_SUBMITTED
+from tests.services.forecaster_stub import StubForecaster, running_stub
 from tests.services.gateway_helpers import JOB, Gateway, auth, gateway
 
 pytestmark = pytest.mark.db
@@ -41,56 +36,10 @@ async def counts(gw: Gateway) -> dict[str, int]:
                 for t in TABLES}
 
 
-@dataclass
-class StubForecaster:
-    """The forecaster's HTTP contract, answering each candidate alone with ``answer``
-    (seconds from now), or with ``status`` / after ``delay_s`` as a test sets."""
-
-    url: str = ""
-    asked: list[dict[str, Any]] = field(default_factory=list)
-    answer: dict[str, Any] = field(default_factory=dict)
-    status: int = 200
-    delay_s: float = 0.0
-    garbage: bool = False
-
-    def app(self) -> FastAPI:
-        app = FastAPI()
-
-        @app.post("/v1/what-if")
-        async def what_if(request: Request) -> JSONResponse:
-            body = await request.json()
-            self.asked.append(body)
-            await asyncio.sleep(self.delay_s)
-            if self.status != 200:
-                return JSONResponse({"detail": "no snapshot yet"}, status_code=self.status)
-            if self.garbage:
-                return JSONResponse({"forecasts": "soon"})
-            now = time.time()
-
-            def at(key: str) -> float | None:
-                v = self.answer.get(key)
-                return None if v is None else now + v
-
-            return JSONResponse({"as_of": now - 1, "forecasts": [{
-                "job_id": c["job_id"], "start": at("start"), "finish": at("finish"),
-                "start_low": at("start_low"), "start_high": at("start_high"),
-                "nodes": self.answer.get("nodes", []),
-                "waits_for": self.answer.get("waits_for")} for c in body["candidates"]]})
-
-        return app
-
-
 @pytest.fixture
 async def forecaster() -> AsyncIterator[StubForecaster]:
-    stub = StubForecaster()
-    port = free_port()
-    server = HttpServer(stub.app(), "127.0.0.1", port)
-    await server.start()
-    stub.url = f"http://127.0.0.1:{port}"
-    try:
+    async with running_stub() as stub:
         yield stub
-    finally:
-        await server.stop()
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ class _Camel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
 
 
-class Amounts(_Camel):
+class QuotaDemand(_Camel):
     gpus: float = Field(description="GPUs (a share counts its compute fraction)")
     cpu_milli: float
     memory_mib: float
@@ -31,7 +31,7 @@ class DryRunQuota(_Camel):
     blocked_by: str | None = Field(None, description="not admitted: whose quota stops it "
                                    "(quota of queue `research`, reclaim in cohort `lab`)")
     detail: str = Field(description="why, in words")
-    ask: Amounts = Field(description="what the job reserves of its queue's quota")
+    ask: QuotaDemand = Field(description="what the job reserves of its queue's quota")
     waiting_ahead: int = Field(0, description="jobs waiting in its queue now")
 
 

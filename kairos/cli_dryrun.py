@@ -62,7 +62,7 @@ def _gpu_task(spec: dict[str, Any]) -> dict[str, Any]:
     tasks = spec.get("tasks")
     if not isinstance(tasks, list) or not all(isinstance(t, dict) for t in tasks):
         raise WhatIfError("the spec has no list of tasks to vary")
-    with_gpus = [t for t in tasks if _gpus(t) > 0]
+    with_gpus: list[dict[str, Any]] = [t for t in tasks if _gpus(t) > 0]
     if len(with_gpus) != 1:
         named = ", ".join(str(t.get("name")) for t in with_gpus)
         raise WhatIfError("--what-if varies the job's one task with whole GPUs; this job has "

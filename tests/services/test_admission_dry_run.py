@@ -240,6 +240,21 @@ async def test_dry_runs_take_nothing_from_the_tenants_submit_rate(db_url: str) -
         assert (await gw.http.post(DRY, json=JOB, headers=auth(token))).status_code == 200
 
 
+async def test_an_overloaded_gateway_still_answers_dry_runs(db_url: str) -> None:
+    """The overload gate bounds submits, which store work; a dry run stores none."""
+    async with gateway(db_url, forecaster_url="", max_intake_lag_s=30) as gw:
+        token = await gw.token("vision")
+        await gw.submit(token)
+        async with gw.engine.begin() as conn:  # queueing has not taken it up for 70 s
+            await conn.execute(text("UPDATE jobs SET submitted_at = now() - interval '70 s'"))
+        await gw.app.state.overload.sample(gw.engine)
+        refused = await gw.http.post("/v1/jobs", json=JOB, headers=auth(token))
+        assert refused.status_code == 429, refused.text
+        assert (await gw.http.post(DRY, json=JOB, headers=auth(token))).status_code == 200
+        bad = await gw.http.post("/v1/jobs?dryRun=yes", json=JOB, headers=auth(token))
+        assert bad.status_code == 400  # not let through as a submit either
+
+
 async def submitted_offsets(bootstrap: str) -> int:
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap)
     await c.start()

@@ -207,7 +207,8 @@ def row_cells(row: dict[str, Any]) -> list[str]:
     if f.get("start") is None:
         return [*head, _quota(a), "none in horizon", "-", "-", "-"]
     low, high = _relative(f, "startLow"), _relative(f, "startHigh")
-    band = "-" if low is None or high is None else f"{in_words(low)} to {in_words(high)}"
+    band = "-" if low is None or high is None else \
+        f"{'now' if low < 5 else in_words(low)} to {in_words(high)}"
     return [*head, _quota(a), _when(f["inSeconds"]), band, _when(_relative(f, "finish")),
             ", ".join(f.get("nodes") or []) or "-"]
 

@@ -166,7 +166,8 @@ def summary(out: DryRunOut, now: float) -> str:
         wait = f.start.timestamp() - now
         when = "now" if wait <= NOW_S else f"in about {in_words(wait)}"
         if f.start_low is not None and f.start_high is not None and wait > NOW_S:
-            low, high = (in_words(t.timestamp() - now) for t in (f.start_low, f.start_high))
+            low, high = ("now" if t.timestamp() - now <= NOW_S else in_words(t.timestamp() - now)
+                         for t in (f.start_low, f.start_high))
             when += f" ({_band(in_words(wait), low, high)})"
         parts.append(f"would start {when}" + (f" on {_nodes(f.nodes)}" if f.nodes else ""))
         if f.finish is not None:

@@ -12,8 +12,9 @@ import typer
 import yaml
 from rich.table import Table
 
+from kairos import cli_dryrun
 from kairos.cli_common import TokenOpt, UrlOpt, client, console, err, request
-from kairos.cli_output import Col, OutputOpt, field, show, timestamp
+from kairos.cli_output import Col, OutputOpt, field, printed_as_data, show, timestamp
 from shared.job_array import is_array_id
 
 
@@ -27,8 +28,19 @@ def submit(
         "%N to run at most N at once (0-999%50); the file's own `array` is replaced")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the job id "
                                         "(like sbatch --parsable)")] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="submit nothing: check the spec and quota and say when it would "
+        "start (like sbatch --test-only)")] = False,
+    what_if: Annotated[str | None, typer.Option(
+        "--what-if", help="with --dry-run: compare shapes side by side, one of gpu=8,16,32 "
+        "(total GPUs), replicas=2,4 or gpu-per-replica=1,2 (of the task with GPUs)")] = None,
+    output: OutputOpt = None,
 ) -> None:
-    """Submit a job or a job array (like sbatch / vcctl job run)."""
+    """Submit a job or a job array (like sbatch / vcctl job run); with --dry-run, only
+    say what would happen."""
+    if what_if is not None and not dry_run:
+        err.print("[red]--what-if compares dry runs: add --dry-run[/]")
+        raise typer.Exit(2)
     headers = {"Content-Type": "application/yaml"}
     body = file.read_bytes()
     if array is not None:
@@ -42,10 +54,15 @@ def submit(
             raise typer.Exit(2)
         body = json.dumps({**spec, "array": array}).encode()
         headers["Content-Type"] = "application/json"
+    if dry_run:
+        cli_dryrun.dry_run(body, headers, what_if, output, url, token)
+        return
     if idempotency_key:
         headers["Idempotency-Key"] = idempotency_key
     with client(url, token) as c:
         job = request(c, "POST", "/v1/jobs", content=body, headers=headers)
+    if printed_as_data(job, output):
+        return
     if quiet:
         print(job["id"])
         return

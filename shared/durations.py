@@ -16,3 +16,19 @@ def parse_duration(value: str) -> timedelta:
     if not m or int(m[1]) == 0:
         raise ValueError(f"not a duration: {value!r} (use e.g. 30d, 12h, 90m, 3600s)")
     return timedelta(seconds=int(m[1]) * _UNITS[m[2]])
+
+
+def in_words(seconds: float) -> str:
+    """Seconds as a person reads them at a glance: 45 s, 12 min, 2 h 10 min, 3 d 4 h (a
+    dry run's summary and the CLI's what-if table)."""
+    s = max(0.0, seconds)
+    if s < 59.5:
+        return f"{round(s)} s"
+    m = round(s / 60)
+    if m < 60:
+        return f"{m} min"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h} h" + (f" {m} min" if m else "")
+    d, h = divmod(h, 24)
+    return f"{d} d" + (f" {h} h" if h else "")

@@ -33,7 +33,7 @@ class Intake:
         its quota ceiling; then the row and its outbox event in one transaction. Returns
         the job row and whether it was created (False: the same Idempotency-Key came
         before)."""
-        await self._check(caller, spec)
+        await self.check(caller, spec)
         return await store.insert_job(self.engine, spec, caller.tenant, caller.user,
                                       idempotency_key,
                                       max_event_bytes=self.settings.max_event_bytes)
@@ -43,18 +43,20 @@ class Intake:
         """The same checks for each element (they share one shape), the array no larger
         than the gateway's ``max_array_size``; then every element in one transaction.
         Returns the array row and whether it was created."""
-        arr = spec.array_indices
-        assert arr is not None
-        if arr.size > self.settings.max_array_size:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=[{
-                "field": "array", "type": "value_error", "message": (
-                    f"{arr.size} elements; this gateway accepts arrays of at most "
-                    f"{self.settings.max_array_size}")}])
-        await self._check(caller, spec)
+        assert spec.array is not None
+        await self.check(caller, spec)
         return await arrays.insert_array(self.engine, spec, caller.tenant, caller.user,
                                          idempotency_key,
                                          max_event_bytes=self.settings.max_event_bytes)
 
-    async def _check(self, caller: Principal, spec: JobSpec) -> None:
+    async def check(self, caller: Principal, spec: JobSpec) -> None:
+        """Every refusal a submit of ``spec`` would get before it is stored (a dry run's
+        too): an array's size, size and fit policy, the queue and its quota ceiling."""
+        arr = spec.array_indices
+        if arr is not None and arr.size > self.settings.max_array_size:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=[{
+                "field": "array", "type": "value_error", "message": (
+                    f"{arr.size} elements; this gateway accepts arrays of at most "
+                    f"{self.settings.max_array_size}")}])
         await policy.check(spec, self.settings.max_job_gpus, self.shapes)
         await check_queue(self.engine, spec.queue, caller, spec, self.queues)

@@ -36,6 +36,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
+from urllib.parse import parse_qs
 
 from prometheus_client import Gauge, Histogram
 from sqlalchemy import text
@@ -166,6 +167,13 @@ class OverloadGuard:
             await asyncio.sleep(max(0.0, self.sample_s - (time.monotonic() - started)))
 
 
+def _dry_run(scope: Scope) -> bool:
+    """A dry run stores nothing: it is not a submit to bound (the route refuses a bad
+    ``dryRun`` value itself)."""
+    return b"dryRun" in scope.get("query_string", b"") and "dryRun" in parse_qs(
+        scope["query_string"].decode("latin-1"), keep_blank_values=True)
+
+
 class SubmitGate:
     """The ASGI middleware: refuses a submit past a bound, counts those let through."""
 
@@ -174,7 +182,7 @@ class SubmitGate:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" \
-                or scope["path"] not in SUBMIT_PATHS:
+                or scope["path"] not in SUBMIT_PATHS or _dry_run(scope):
             await self.app(scope, receive, send)
             return
         started = time.monotonic()

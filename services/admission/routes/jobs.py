@@ -8,12 +8,15 @@ answered 404 exactly like a job that does not exist.
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
+from fastapi.responses import JSONResponse
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission import cursor as page_cursor
+from services.admission import dry_run as dry_runs
 from services.admission import queues_view, ratelimit, spec_body, store
 from services.admission.auth import Principal
 from services.admission.deps import Caller, EngineDep, IntakeDep, SettingsDep
+from services.admission.models.dry_run import DryRunOut
 from services.admission.models.jobs import (
     ArrayOut,
     JobList,
@@ -31,9 +34,13 @@ from shared.jobspec import JobSpec
 from shared.outbox import add_to_outbox
 
 router = APIRouter()
+DRY_RUN_ALL = "All"  # the only dryRun value (Kubernetes: "All" is the only one too)
 
 
 @router.post("/v1/jobs", status_code=201, response_model=JobOut | ArrayOut,
+             responses={200: {"model": JobOut | ArrayOut | DryRunOut, "description": (
+                 "a retry with the same Idempotency-Key: what the first request created; "
+                 "or, with `?dryRun=All`, what a submit would do (nothing is stored)")}},
              openapi_extra={"requestBody": {"required": True, "content": {
                  "application/json": {"schema": JobSpec.model_json_schema(by_alias=True)},
                  "application/yaml": {"schema": {"type": "string"}}}}})
@@ -41,9 +48,23 @@ async def submit_job(
     request: Request, response: Response, caller: Caller, engine: EngineDep,
     settings: SettingsDep, intake: IntakeDep,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
-) -> JobOut | ArrayOut:
+    dry_run: Annotated[str | None, Query(alias="dryRun", max_length=20, description=(
+        "`All`: check the spec, its queue and quota as a submit would, and answer when "
+        "it would start, storing and publishing nothing (the Kubernetes API's "
+        "convention); any other value is refused"))] = None,
+) -> JobOut | ArrayOut | Response:
     """Submit a job; with ``array`` in its spec, a job array: one element per index
-    (``<array id>-<index>``), all stored at once, answered with the array."""
+    (``<array id>-<index>``), all stored at once, answered with the array. With
+    ``?dryRun=All``: the same checks and refusals, then the quota's verdict and the
+    forecast start, and nothing stored (200, not rate limited as a submit)."""
+    if dry_run is not None:
+        if dry_run != DRY_RUN_ALL:
+            raise HTTPException(status.HTTP_400_BAD_REQUEST, detail=(
+                f"dryRun must be {DRY_RUN_ALL} (or absent), as in the Kubernetes API; "
+                f"got {dry_run!r}"))
+        spec = await spec_body.read_spec(request, settings.max_request_bytes)
+        out = await dry_runs.dry_run(intake, caller, spec)
+        return JSONResponse(out.model_dump(mode="json", by_alias=True))
     await ratelimit.check_submit(engine, settings, caller.tenant)
     spec = await spec_body.read_spec(request, settings.max_request_bytes)
     if spec.array is not None:

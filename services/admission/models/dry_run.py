@@ -1,0 +1,64 @@
+"""A dry-run submit's answer (``POST /v1/jobs?dryRun=All``): the spec is valid, what its
+queue's quota says now, and when the forecaster expects it to start. camelCase like a
+job spec and the Kubernetes API whose ``dryRun`` convention it follows."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+
+class _Camel(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+
+class QuotaDemand(_Camel):
+    gpus: float = Field(description="GPUs (a share counts its compute fraction)")
+    cpu_milli: float
+    memory_mib: float
+
+
+class DryRunQuota(_Camel):
+    """Whether the queue's quota would admit the job now, from the usage queueing last
+    announced (jobs already waiting in the queue may be admitted first)."""
+
+    admitted: bool = Field(description="the quota has room for it now")
+    borrowing: bool = Field(False, description="admitted above its queue's guarantee, "
+                            "on quota its cohort lends (reclaimable)")
+    blocked_by: str | None = Field(None, description="not admitted: whose quota stops it "
+                                   "(quota of queue `research`, reclaim in cohort `lab`)")
+    detail: str = Field(description="why, in words")
+    ask: QuotaDemand = Field(description="what the job reserves of its queue's quota")
+    waiting_ahead: int = Field(0, description="jobs waiting in its queue now")
+
+
+class DryRunForecast(_Camel):
+    """The forecaster's replay of the live cluster with the job added."""
+
+    as_of: datetime = Field(description="the snapshot the forecast replayed")
+    start: datetime | None = Field(description="expected start; empty = none in the "
+                                   "forecast's horizon")
+    finish: datetime | None
+    start_low: datetime | None = Field(description="the band's earliest start")
+    start_high: datetime | None = Field(description="the band's latest start")
+    in_seconds: float | None = Field(description="from now to the expected start")
+    nodes: list[str] = Field(description="the nodes it would get")
+    waits_for: str | None = Field(description="what it waits behind meanwhile")
+
+
+class DryRunOut(_Camel):
+    dry_run: Literal["All"] = Field("All", description="nothing was stored or published")
+    valid: bool = Field(True, description="a submit of this spec would be accepted")
+    name: str
+    queue: str
+    tenant: str
+    user: str
+    array_size: int | None = Field(None, description="a job array: its elements (the "
+                                   "forecast is one element's)")
+    quota: DryRunQuota
+    forecast: DryRunForecast | None = None
+    forecast_unavailable: str | None = Field(None, description="why there is no forecast")
+    summary: str = Field(description="the answer in one sentence")

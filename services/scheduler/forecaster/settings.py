@@ -1,0 +1,24 @@
+"""The forecaster's settings (environment, prefix ``KAIROS_``). ``policy_file`` and
+``policy`` are the scheduler's own settings, under the same names: set once, both read
+them, so the replay runs the policy the scheduler runs."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from shared.config import CommonSettings
+
+
+class ForecasterSettings(CommonSettings):
+    service_name: str = "forecaster"
+    http_port: int = 8005
+    policy_file: str = ""  # a SchedulerConfig YAML; empty = the preset below
+    policy: str = "default"
+    forecast_every_s: float = Field(5.0, gt=0, description="seconds between rounds")
+    # publish a job's forecast again only when it moved this much, or this long after
+    forecast_move_ratio: float = Field(0.05, ge=0, description="of the time to its start")
+    forecast_move_s: float = Field(30.0, ge=0)
+    forecast_refresh_s: float = Field(60.0, gt=0)
+    # a replay steps at least this fraction of the time already replayed apart
+    forecast_resolution: float = Field(0.02, ge=0, le=1)
+    forecast_history: int = Field(2000, ge=0, description="finished jobs read at start")

@@ -34,7 +34,10 @@ from kairos.supervisor import Child, Supervisor
 from shared.bus import ensure_topics, wait_for_broker
 from shared.db import make_engine, prepare_database
 
-SERVICES = ("admission", "queueing", "scheduler", "monitor")
+SERVICES = ("admission", "queueing", "scheduler", "monitor", "forecaster")
+# a service whose module is not services.<name>: the forecaster is a part of the
+# scheduler's package that runs as a process of its own
+MODULES = {"forecaster": "services.scheduler.forecaster"}
 WORKDIR = Path(".kairos")  # `kairos up`'s state: PostgreSQL's data, agents' state, logs
 # in the workdir while a stack runs: every part, its URL and log (`kairos status` reads it)
 SERVICES_FILE = "services.json"
@@ -263,7 +266,7 @@ class Stack:
                       extra_env: dict[str, str] | None = None) -> Proc:
         port = port or free_port()
         log = self.workdir / "logs" / f"{name}.log"
-        argv = [sys.executable, "-m", module or f"services.{name}"]
+        argv = [sys.executable, "-m", module or MODULES.get(name, f"services.{name}")]
         host, ns = "127.0.0.1", self.netns.get(name)
         if ns is not None:
             argv, host = ns.wrap(argv), ns.ns_ip

@@ -185,7 +185,9 @@ def test_only_forecasts_that_moved_materially_are_published_again() -> None:
     assert [f.job_id for f in p.select(moved, 10)] == ["c"]
     assert [f.job_id for f in p.select({**moved, "a": fc("a", 1100)}, 10)] == ["a", "c"]
     assert [f.job_id for f in p.select({**moved, "b": fc("b", 5400)}, 10)] == ["b", "c"]
-    assert [f.job_id for f in p.select({**first, "a": fc("a", 1000, ("n2",))}, 10)] == ["a"]
+    assert p.select({**first, "a": fc("a", 1000, ("n2",))}, 10) == []  # nodes alone: no
+    assert [f.job_id for f in p.select({**first, "a": fc("a", 1000).model_copy(
+        update={"waits_for": "j-0"})}, 10)] == ["a"]
     assert [f.job_id for f in p.select(first, 60)] == ["a", "b", "c"]  # the refresh
     assert p.select({"a": first["a"]}, 20) == [] and set(p.sent) == {"a"}  # b, c forgotten
 

@@ -11,8 +11,9 @@ jobs do not say how long a job of theirs takes, and are left out.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import text
@@ -89,31 +90,48 @@ async def read_queued(conn: AsyncConnection, limit: int = 10_000) -> dict[str, W
             for r in (await conn.execute(_QUEUED, {"n": limit}))}
 
 
+OVERLAP = timedelta(seconds=60)  # re-read: a row's updated_at is its transaction's start
+KEEP = 20_000  # durations kept; the history is rebuilt from the last of them past twice that
+
+
 @dataclass
 class Learner:
-    """Feeds a ``DurationHistory`` with the jobs that finished since the last read."""
+    """Feeds a ``DurationHistory`` with the jobs that finished since the last read.
+
+    Each read goes back ``OVERLAP`` before the newest ``updated_at`` seen: a transaction
+    that began before the last read commits rows stamped earlier than what that read saw.
+    The ids read within the overlap are remembered so none is learnt twice."""
 
     history: DurationHistory = field(default_factory=DurationHistory)
     first_read: int = 2000
     since: datetime | None = None
-    seen: set[str] = field(default_factory=set)
+    seen: dict[str, datetime] = field(default_factory=dict)  # job id -> its updated_at
+    recent: deque[tuple[str, int, float]] = field(default_factory=lambda: deque(maxlen=KEEP))
 
     async def learn(self, conn: AsyncConnection) -> int:
         """Reads what finished since; returns how many it learnt."""
+        first = self.since is None
         rows = (await conn.execute(_FINISHED, {
-            "since": self.since or datetime.fromtimestamp(0).astimezone(),
-            "n": self.first_read if self.since is None else 100_000})).mappings().all()
+            "since": (self.since - OVERLAP) if self.since else datetime.fromtimestamp(0, UTC),
+            "n": self.first_read if first else 100_000})).mappings().all()
         learnt = 0
         for r in reversed(rows):  # oldest first: the history is in finishing order
             self.since = r["updated_at"] if self.since is None else max(self.since, r["updated_at"])
             if r["job_id"] in self.seen:
-                continue  # its row moved after its end (a task's last report)
-            self.seen.add(r["job_id"])
+                continue  # read within the overlap already, or its row moved after its end
+            self.seen[r["job_id"]] = r["updated_at"]
             tenant, gpus = _shape(r["ready"])
-            self.history.learn(tenant, gpus, max(0.0, r["ended_at"] - r["bound_at"]))
+            d = max(0.0, r["ended_at"] - r["bound_at"])
+            self.history.learn(tenant, gpus, d)
+            self.recent.append((tenant, gpus, d))
             learnt += 1
-        if self.since is None:
-            self.since = datetime.fromtimestamp(0).astimezone()
+        if self.since is not None:  # forget ids the next read's overlap cannot reach
+            horizon = self.since - 2 * OVERLAP
+            self.seen = {j: t for j, t in self.seen.items() if t >= horizon}
+        if len(self.history.every) > 2 * KEEP:  # bounded memory over a long uptime
+            self.history = DurationHistory(self.history.quantiles)
+            for tenant, gpus, d in self.recent:
+                self.history.learn(tenant, gpus, d)
         return learnt
 
 

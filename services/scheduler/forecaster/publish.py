@@ -1,8 +1,9 @@
 """Which forecasts to publish: a job's first, one that moved materially since the last
 one sent (its start or finish by more than ``move_ratio`` of the time to its start and
-more than ``move_s``; its nodes, band end, reason or blocker at all), and every one again
+more than ``move_s``; a start where there was none, its reason or blocker at all), and every one again
 ``refresh_s`` after it was last sent, so a reader that missed one (or started after it)
-catches up within that. The topic stays small: a steady queue costs one event per job a
+catches up within that. A change of nodes alone is not material: the replay's choice
+among equal nodes moves with every arrival, and rides along with the next send. The topic stays small: a steady queue costs one event per job a
 minute, not one per round. Pure: the caller passes the time."""
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class Publisher:
     sent: dict[str, tuple[JobForecast, float]] = field(default_factory=dict)  # by job, with when
 
     def changed(self, old: JobForecast, new: JobForecast, now: float) -> bool:
-        if (old.nodes, old.waits_for, old.reason) != (new.nodes, new.waits_for, new.reason):
+        if (old.waits_for, old.reason) != (new.waits_for, new.reason):
             return True
         return any(_moved(getattr(old, k), getattr(new, k), now, self.move_ratio, self.move_s)
                    for k in ("start", "finish", "start_low", "start_high"))

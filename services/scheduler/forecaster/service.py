@@ -10,6 +10,7 @@ against the last round's snapshot (at most one interval old) and its learnt dura
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 
@@ -176,6 +177,9 @@ def create_app(fc: Forecaster, ready: ReadyCheck) -> FastAPI:
 async def main(settings: ForecasterSettings | None = None) -> None:
     settings = settings or ForecasterSettings()
     config = load_config(settings)
+    if settings.forecast_nice:
+        # before any thread starts: on Linux niceness is per thread, and new ones inherit it
+        os.nice(settings.forecast_nice)
     rt = ServiceRuntime(settings)
     await rt.start_dependencies()
     assert rt.engine is not None

@@ -21,4 +21,7 @@ class ForecasterSettings(CommonSettings):
     forecast_refresh_s: float = Field(60.0, gt=0)
     # a replay steps at least this fraction of the time already replayed apart
     forecast_resolution: float = Field(0.02, ge=0, le=1)
+    # the process's CPU priority (os.nice): forecasts are best effort, and where it shares
+    # cores with the scheduler (the embedded stack, one VM), a cycle must not wait for one
+    forecast_nice: int = Field(10, ge=0, le=19, description="added to the process's niceness")
     forecast_history: int = Field(2000, ge=0, description="finished jobs read at start")

@@ -1,7 +1,7 @@
 """The scheduling cycle's latency with the forecaster on and off, in the same run.
 
 One embedded stack (kairos.stack.Stack: broker, PostgreSQL, every service, simulated
-nodes). Phases alternate off, on, off, on: before an "off" phase the forecaster process
+nodes). Phases alternate off, on, off, on, ... (--pairs of them): before an "off" phase the forecaster process
 is stopped, before an "on" phase it is started again (and has made its first round).
 Every phase runs the same seeded workload, submitted over HTTP at a steady rate, more
 than the cluster holds, so a queue of waiting jobs builds that the forecaster replays
@@ -15,9 +15,12 @@ phase "total": a whole cycle, core + persist + publish), as deltas over the phas
 cycles, mean (from _sum / _count, exact), and p50 / p99 interpolated within buckets as
 Prometheus' histogram_quantile does (the buckets are .5, 1, 2.5, 5, 10, 25 ms, ...);
 and in "on" phases the forecaster's rounds, their mean time, the forecasts published and
-its CPU. Off and on are pooled over their two phases each.
+its CPU; the "place" phase (the core alone, pure CPU) beside the whole cycle, and the
+machine's load average, since a shared machine's other work moves these figures. Off and
+on are pooled over their phases each, and the median of the phases' means is given too
+(one disturbed phase moves a pooled mean, not a median).
 
-    python bench/forecaster_overhead.py [--nodes 8] [--rate 3] [--seconds 60]
+    python bench/forecaster_overhead.py [--nodes 8] [--rate 3] [--seconds 40] [--pairs 3]
         [--out bench/results/forecaster_overhead.json]
 """
 
@@ -25,9 +28,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -150,13 +155,25 @@ def run_phase(stack: Stack, c: httpx.Client, specs: list[dict[str, Any]], rate: 
     after = httpx.get(f"{sched}/metrics").text
     b0, s0, n0 = histogram(before, "kairos_scheduler_cycle_seconds", phase="total")
     b1, s1, n1 = histogram(after, "kairos_scheduler_cycle_seconds", phase="total")
+    _, p0, m0 = histogram(before, "kairos_scheduler_cycle_seconds", phase="place")
+    _, p1, m1 = histogram(after, "kairos_scheduler_cycle_seconds", phase="place")
     out: dict[str, Any] = {"forecaster": "on" if forecaster else "off", "jobs": len(ids),
                            "seconds": round(wall, 1), "buckets": delta(b0, b1),
-                           "cycle_sum_s": s1 - s0, "cycles": int(n1 - n0)}
+                           "cycle_sum_s": s1 - s0, "cycles": int(n1 - n0),
+                           "cycle_mean_ms": round(1000 * (s1 - s0) / max(1, n1 - n0), 3),
+                           "place_mean_ms": round(1000 * (p1 - p0) / max(1, m1 - m0), 3),
+                           "loadavg_1m": round(os.getloadavg()[0], 2)}
     if forecaster:
         f_after = httpx.get(f"{forecaster.url}/metrics").text
         _, rs0, rn0 = histogram(f_before, "kairos_forecaster_round_seconds", phase="total")
         _, rs1, rn1 = histogram(f_after, "kairos_forecaster_round_seconds", phase="total")
+        rounds = max(1, rn1 - rn0)
+        split = {}
+        for part in ("load", "forecast", "publish"):
+            _, a, _ = histogram(f_before, "kairos_forecaster_round_seconds", phase=part)
+            _, b, _ = histogram(f_after, "kairos_forecaster_round_seconds", phase=part)
+            split[f"round_{part}_ms"] = round(1000 * (b - a) / rounds, 2)
+        out.update(split)
         out.update(rounds=int(rn1 - rn0), round_mean_s=(rs1 - rs0) / max(1, rn1 - rn0),
                    published=int(scalar(f_after, "kairos_forecaster_published_total")
                                  - scalar(f_before, "kairos_forecaster_published_total")),
@@ -172,6 +189,7 @@ def run_phase(stack: Stack, c: httpx.Client, specs: list[dict[str, Any]], rate: 
 
 
 def summary(phases: list[dict[str, Any]]) -> dict[str, Any]:
+    """Pooled over the phases (bucket deltas added up), and the median phase mean."""
     buckets: dict[float, float] = {}
     for p in phases:
         for k, v in p["buckets"].items():
@@ -181,14 +199,17 @@ def summary(phases: list[dict[str, Any]]) -> dict[str, Any]:
     return {"cycles": cycles,
             "mean_ms": round(1000 * sum(p["cycle_sum_s"] for p in phases) / max(1, cycles), 3),
             "p50_ms": None if p50 is None else round(1000 * p50, 3),
-            "p99_ms": None if p99 is None else round(1000 * p99, 3)}
+            "p99_ms": None if p99 is None else round(1000 * p99, 3),
+            "median_phase_mean_ms": statistics.median(p["cycle_mean_ms"] for p in phases),
+            "median_phase_place_ms": statistics.median(p["place_mean_ms"] for p in phases)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--rate", type=float, default=3.0)
-    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--seconds", type=float, default=40.0)
+    ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--out", default="bench/results/forecaster_overhead.json")
     args = ap.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="kairos-fc-bench-"))
@@ -201,7 +222,7 @@ def main() -> None:
                          timeout=30)
         specs = workload(int(args.rate * args.seconds), seed=1)
         fc = stack.proc("forecaster")
-        for state in ("off", "on", "off", "on"):
+        for state in ("off", "on") * args.pairs:
             if state == "off":
                 stack.stop_proc(fc)
             else:
@@ -211,9 +232,11 @@ def main() -> None:
                 time.sleep(2)  # its first round made
             phases.append(run_phase(stack, c, specs, args.rate, fc if state == "on" else None))
             p = phases[-1]
-            print(f"phase {len(phases)} forecaster {state}: {p['cycles']} cycles, "
+            print(f"phase {len(phases)} forecaster {state}: {p['cycles']} cycles of "
+                  f"{p['cycle_mean_ms']} ms (core {p['place_mean_ms']} ms), load {p['loadavg_1m']}, "
                   f"{p['jobs']} jobs in {p['seconds']} s"
-                  + (f", {p['rounds']} rounds of {1000 * p['round_mean_s']:.1f} ms, "
+                  + (f", {p['rounds']} rounds of {1000 * p['round_mean_s']:.1f} ms "
+                     f"(load {p['round_load_ms']}, forecast {p['round_forecast_ms']}), "
                      f"{p['published']} published, up to {p['waiting_max']} waiting, "
                      f"{p['cpu_cores']:.2f} core" if state == "on" else ""), flush=True)
     finally:
@@ -221,13 +244,19 @@ def main() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
     off = summary([p for p in phases if p["forecaster"] == "off"])
     on = summary([p for p in phases if p["forecaster"] == "on"])
-    print(f"{'':14}{'cycles':>8}{'mean ms':>10}{'p50 ms':>10}{'p99 ms':>10}")
+    print(f"{'':15}{'cycles':>8}{'mean ms':>10}{'p50 ms':>10}{'p99 ms':>10}"
+          f"{'median phase':>14}{'core ms':>9}")
     for name, s in (("forecaster off", off), ("forecaster on", on)):
-        print(f"{name:14}{s['cycles']:>8}{s['mean_ms']:>10}{s['p50_ms']:>10}{s['p99_ms']:>10}")
+        print(f"{name:15}{s['cycles']:>8}{s['mean_ms']:>10}{s['p50_ms']:>10}{s['p99_ms']:>10}"
+              f"{s['median_phase_mean_ms']:>14}{s['median_phase_place_ms']:>9}")
     result = {
         "bench": "forecaster_overhead",
         "setup": {"nodes": args.nodes, "gpus_per_node": 8, "rate_per_s": args.rate,
                   "seconds_per_phase": args.seconds, "forecast_every_s": 1,
+                  "forecast_nice": 10, "forecast_max_busy": 0.2, "cpus": os.cpu_count(),
+                  "earlier_runs": "forecaster_overhead_first_run.json (before the nice, the "
+                                  "node-flap fix and index-only reads), _run2.json (before "
+                                  "index-only reads and the busy bound)",
                   "order": [p["forecaster"] for p in phases],
                   "cycle_metric": 'kairos_scheduler_cycle_seconds{phase="total"}, deltas per phase; '
                                   "p50/p99 interpolated within buckets"},

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from scheduling import Scheduler, SchedulerConfig
 from scheduling.estimates import DurationHistory
-from services.scheduler.forecaster.load import Learner, read_queued, read_rows, snapshot_of
+from services.scheduler.forecaster.load import RowReader, read_queued, snapshot_of
 from services.scheduler.forecaster.publish import Publisher
 from services.scheduler.forecaster.round import forecast_round, what_if
 from services.scheduler.main import SchedulerService
@@ -71,7 +71,7 @@ async def test_every_waiting_job_of_the_leaders_rows_gets_a_forecast(
     now = time.time()
     svc = await busy_cluster(engine, db_url, now)
     async with engine.connect() as conn:
-        rows = await read_rows(conn)
+        rows = await RowReader().read(conn)
     snap, who = snapshot_of(rows, now)
     # the leader's own snapshot of the same state: the same jobs, nodes and allocations
     mine = svc.state.snapshot(now)
@@ -102,30 +102,38 @@ async def test_every_waiting_job_of_the_leaders_rows_gets_a_forecast(
 async def test_durations_are_learnt_from_succeeded_rows(engine: AsyncEngine, db_url: str) -> None:
     now = time.time()
     svc = leader(engine, db_url)
-    await store(svc, node("n1"), now=now - 200)
-    for i in range(5):  # five jobs of the lab, 8 GPUs each, placed at now - 200
+    nodes = [node(f"n{i}") for i in range(5)]
+    await store(svc, *nodes, *[ready(f"old{i}").gpus(8).tenant("lab").build() for i in range(5)],
+                now=now - 200)  # five jobs of the lab, 8 GPUs each, placed at now - 200
+    reader = RowReader()
+    async with engine.connect() as conn:
+        assert len((await reader.read(conn)).jobs) == 5  # the leader's start-up read
+    for i in range(5):
         job = f"old{i}"
-        await store(svc, ready(job).gpus(8).tenant("lab").build(), now=now - 200)
         task = svc.state.jobs[job].placed[0].task_id
         for state in (JobState.RUNNING, JobState.SUCCEEDED):
             await store(svc, JobStatus(job_id=job, state=state, reason="agent", attempt=1,
-                                       task=task, node_id="n1"), now=now - 200)
+                                       task=task, node_id=f"n{i}"), now=now - 200)
     async with engine.begin() as conn:  # their ends stored 120 s after they were placed
         await conn.execute(text("UPDATE sched_jobs SET updated_at = to_timestamp(:t)"), {"t": now - 80})
-    learner = Learner()
     async with engine.connect() as conn:
-        assert await learner.learn(conn) == 5
-        assert await learner.learn(conn) == 0  # read once
-    assert learner.history.estimate("lab", 8) == pytest.approx(120)
-    # a later waiting job of that tenant and size is forecast to run that long
-    await store(svc, ready("a").gpus(8).tenant("lab").build(), ready("b").gpus(8).tenant("lab").build(),
-                now=now)
+        assert (await reader.read(conn)).jobs == []  # they left: looked up by id, learnt
+        await reader.read(conn)
+    assert len(reader.history.every) == 5  # once each
+    assert reader.history.estimate("lab", 8) == pytest.approx(120)
+    restarted = RowReader()  # a new process learns them from the newest succeeded rows
     async with engine.connect() as conn:
-        snap, who = snapshot_of(await read_rows(conn), now)
-    out = forecast_round(CONFIG, snap, who, learner.history)
-    assert set(out) == {"b"}  # a was placed at once: it runs, and is expected to 120 s
-    assert out["b"].start == pytest.approx(now + 120)
-    assert out["b"].finish == pytest.approx(now + 240)
+        await restarted.read(conn)
+    assert restarted.history.every == reader.history.every
+    # later jobs of that tenant and size are expected to run that long: five are placed
+    # at once, the sixth starts when they end
+    await store(svc, *[ready(f"a{i}").gpus(8).tenant("lab").build() for i in range(6)], now=now)
+    async with engine.connect() as conn:
+        snap, who = snapshot_of(await reader.read(conn), now)
+    out = forecast_round(CONFIG, snap, who, reader.history)
+    assert set(out) == {"a5"}
+    assert out["a5"].start == pytest.approx(now + 120)
+    assert out["a5"].finish == pytest.approx(now + 240)
 
 
 async def test_jobs_waiting_for_quota_get_a_forecast_without_a_start(
@@ -138,7 +146,7 @@ async def test_jobs_waiting_for_quota_get_a_forecast_without_a_start(
             " ('q1', 'research', 'lab', 'queued', '{}'), ('q2', 'research', 'lab', 'admitted', '{}')"))
     async with engine.connect() as conn:
         queued = await read_queued(conn)
-        snap, who = snapshot_of(await read_rows(conn), now)
+        snap, who = snapshot_of(await RowReader().read(conn), now)
     assert set(queued) == {"q1"}
     out = forecast_round(CONFIG, snap, who, DurationHistory(), queued=queued)
     assert set(out) == {"w1", "w2", "w3", "q1"}
@@ -150,7 +158,7 @@ async def test_a_what_if_forecasts_each_candidate_alone(engine: AsyncEngine, db_
     now = time.time()
     await busy_cluster(engine, db_url, now)
     async with engine.connect() as conn:
-        snap, _ = snapshot_of(await read_rows(conn), now)
+        snap, _ = snapshot_of(await RowReader().read(conn), now)
 
     def cand(job_id: str, gpus: int) -> object:
         spec = parse_job_spec({"name": job_id, "runtimeEstimate": 100,
@@ -200,3 +208,11 @@ def test_the_what_if_body_is_the_gateways_contract() -> None:
     body = WhatIfIn.model_validate({"candidates": [
         {"job_id": "x", "queue": "default", "tenant": "t", "user": "u", "spec": spec}]})
     assert body.candidates[0].spec.tasks[0].resources.gpu == 1
+
+
+def test_a_slow_round_waits_longer() -> None:
+    from services.scheduler.forecaster.service import pause
+
+    assert pause(0.5, 5, 0.2) == 4.5  # the rest of the interval
+    assert pause(2.0, 5, 0.2) == 8.0  # busy 2 s of every 10 at most
+    assert pause(0.1, 1, 0.2) == pytest.approx(0.9)

@@ -2,10 +2,17 @@
 (``SchedulerService.load``), into the core's ``Snapshot`` through the scheduler's own
 ``SnapshotBuilder``; finished jobs' durations; jobs still waiting for quota in queueing.
 
-Durations are learnt from ``sched_jobs`` rows of succeeded jobs: from ``tasks.bound_at``
-(when the cycle placed the job's last attempt) to the row's ``updated_at`` (written when
-the job's end was stored), keyed by the job's tenant and GPU count. Failed and cancelled
-jobs do not say how long a job of theirs takes, and are left out.
+``sched_jobs`` keeps every job that ever ended, so a round must not scan it: the first
+read is the leader's own start-up query (every job not over, or over but still holding a
+task) and the newest ``forecast_history`` succeeded rows; each later read takes the jobs
+not over through the table's partial index, and looks up by id those of the last read
+that left it (ended since): one still holding a task stays in the snapshot, a succeeded
+one teaches the history its duration.
+
+Durations: from ``tasks.bound_at`` (when the cycle placed the job's last attempt) to the
+row's ``updated_at`` (written when its end was stored), keyed by tenant and GPU count.
+Failed and cancelled jobs do not say how long a job of theirs takes and are left out; so
+are jobs that came and went between two reads (shorter than a round's interval).
 """
 
 from __future__ import annotations
@@ -13,7 +20,6 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import text
@@ -27,21 +33,26 @@ from services.scheduler.snapshot import SnapshotBuilder
 from shared.events import JobReady
 from shared.job_request import job_request
 
-# the scheduler leader's own query: every job that is not over, or still holds a task
-_ACTIVE = text(
-    "SELECT job_id, state, attempt, ready, placement, tasks FROM sched_jobs"
-    " WHERE state NOT IN ('succeeded', 'failed', 'cancelled')"
-    " OR jsonb_path_exists(placement, '$[*] ? (@.state == \"bound\" || @.state == \"running\")')")
+_COLUMNS = "job_id, state, attempt, ready, placement, tasks"
+_HOLDS = "jsonb_path_exists(placement, '$[*] ? (@.state == \"bound\" || @.state == \"running\")')"
+_TERMINAL = "state NOT IN ('succeeded', 'failed', 'cancelled')"  # sched_jobs_active_idx's
+# the scheduler leader's own start-up query: every job not over, or over but holding a task
+_LIVE = text(f"SELECT {_COLUMNS} FROM sched_jobs WHERE {_TERMINAL} OR {_HOLDS}")
+_ACTIVE = text(f"SELECT {_COLUMNS} FROM sched_jobs WHERE {_TERMINAL}")
+_BY_ID = text(f"SELECT {_COLUMNS}, {_HOLDS} AS holds,"
+              " extract(epoch FROM updated_at)::float8 AS ended_at"
+              " FROM sched_jobs WHERE job_id = ANY(CAST(:ids AS text[]))")
 _NODES = text("SELECT node_id, inventory, state, cordon, cordon_generation, cordon_reason"
               " FROM sched_nodes ORDER BY node_id")  # a stable order: ties break alike each round
-_FINISHED = text(
-    "SELECT job_id, ready, (tasks->>'bound_at')::float8 AS bound_at,"
-    " extract(epoch FROM updated_at)::float8 AS ended_at, updated_at"
-    " FROM sched_jobs WHERE state = 'succeeded' AND updated_at > :since"
-    " AND tasks->>'bound_at' IS NOT NULL ORDER BY updated_at DESC LIMIT :n")
+_HISTORY = text(
+    "SELECT job_id, state, attempt, ready, placement, tasks,"
+    " extract(epoch FROM updated_at)::float8 AS ended_at"
+    " FROM sched_jobs WHERE state = 'succeeded' AND tasks->>'bound_at' IS NOT NULL"
+    " ORDER BY updated_at DESC LIMIT :n")
 # admitted by nothing yet: queueing holds it until its queue has quota
 _QUEUED = text("SELECT job_id, queue, tenant FROM queue_jobs WHERE state = 'queued'"
                " ORDER BY seq LIMIT :n")
+KEEP = 20_000  # durations kept; the history is rebuilt from the last of them past twice that
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,61 +89,53 @@ def snapshot_of(rows: Rows, now: float) -> tuple[Snapshot, dict[str, Waiting]]:
     return SnapshotBuilder(cluster).snapshot(now), who
 
 
-async def read_rows(conn: AsyncConnection) -> Rows:
-    jobs = [JobRow(**r) for r in (await conn.execute(_ACTIVE)).mappings()]
-    nodes = [NodeRow(**r) for r in (await conn.execute(_NODES)).mappings()]
-    return Rows(jobs, nodes)
-
-
 async def read_queued(conn: AsyncConnection, limit: int = 10_000) -> dict[str, Waiting]:
     """Jobs waiting in queueing for quota (not yet the scheduler's)."""
     return {r.job_id: Waiting(r.queue, r.tenant)
             for r in (await conn.execute(_QUEUED, {"n": limit}))}
 
 
-OVERLAP = timedelta(seconds=60)  # re-read: a row's updated_at is its transaction's start
-KEEP = 20_000  # durations kept; the history is rebuilt from the last of them past twice that
-
-
 @dataclass
-class Learner:
-    """Feeds a ``DurationHistory`` with the jobs that finished since the last read.
+class RowReader:
+    """Reads the scheduler's rows round after round, and learns durations on the way."""
 
-    Each read goes back ``OVERLAP`` before the newest ``updated_at`` seen: a transaction
-    that began before the last read commits rows stamped earlier than what that read saw.
-    The ids read within the overlap are remembered so none is learnt twice."""
-
+    first_read: int = 2000  # succeeded jobs the history starts from
     history: DurationHistory = field(default_factory=DurationHistory)
-    first_read: int = 2000
-    since: datetime | None = None
-    seen: dict[str, datetime] = field(default_factory=dict)  # job id -> its updated_at
+    tracked: set[str] = field(default_factory=set)  # the job ids of the last read
+    started: bool = False
     recent: deque[tuple[str, int, float]] = field(default_factory=lambda: deque(maxlen=KEEP))
 
-    async def learn(self, conn: AsyncConnection) -> int:
-        """Reads what finished since; returns how many it learnt."""
-        first = self.since is None
-        rows = (await conn.execute(_FINISHED, {
-            "since": (self.since - OVERLAP) if self.since else datetime.fromtimestamp(0, UTC),
-            "n": self.first_read if first else 100_000})).mappings().all()
-        learnt = 0
-        for r in reversed(rows):  # oldest first: the history is in finishing order
-            self.since = r["updated_at"] if self.since is None else max(self.since, r["updated_at"])
-            if r["job_id"] in self.seen:
-                continue  # read within the overlap already, or its row moved after its end
-            self.seen[r["job_id"]] = r["updated_at"]
-            tenant, gpus = _shape(r["ready"])
-            d = max(0.0, r["ended_at"] - r["bound_at"])
-            self.history.learn(tenant, gpus, d)
-            self.recent.append((tenant, gpus, d))
-            learnt += 1
-        if self.since is not None:  # forget ids the next read's overlap cannot reach
-            horizon = self.since - 2 * OVERLAP
-            self.seen = {j: t for j, t in self.seen.items() if t >= horizon}
+    async def read(self, conn: AsyncConnection) -> Rows:
+        nodes = [NodeRow(**r) for r in (await conn.execute(_NODES)).mappings()]
+        if not self.started:
+            jobs = [JobRow(**r) for r in (await conn.execute(_LIVE)).mappings()]
+            for r in reversed((await conn.execute(_HISTORY, {"n": self.first_read})).mappings().all()):
+                self._learn(r)  # oldest first: the history is in finishing order
+            self.started = True
+        else:
+            jobs = [JobRow(**r) for r in (await conn.execute(_ACTIVE)).mappings()]
+            gone = self.tracked - {j["job_id"] for j in jobs}
+            if gone:
+                for r in (await conn.execute(_BY_ID, {"ids": sorted(gone)})).mappings():
+                    if r["holds"]:  # over, but a task still stops: it holds its GPUs
+                        jobs.append(JobRow(**{k: r[k] for k in JobRow.__annotations__}))
+                    else:
+                        self._learn(r)
+        self.tracked = {j["job_id"] for j in jobs}
+        return Rows(jobs, nodes)
+
+    def _learn(self, r: Any) -> None:
+        bound_at = (r["tasks"] or {}).get("bound_at")
+        if r["state"] != "succeeded" or bound_at is None or not r["ready"]:
+            return
+        tenant, gpus = _shape(r["ready"])
+        d = max(0.0, r["ended_at"] - bound_at)
+        self.history.learn(tenant, gpus, d)
+        self.recent.append((tenant, gpus, d))
         if len(self.history.every) > 2 * KEEP:  # bounded memory over a long uptime
             self.history = DurationHistory(self.history.quantiles)
-            for tenant, gpus, d in self.recent:
-                self.history.learn(tenant, gpus, d)
-        return learnt
+            for t, g, x in self.recent:
+                self.history.learn(t, g, x)
 
 
 def _shape(ready: Any) -> tuple[str, int]:

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from scheduling import SchedulerConfig, Snapshot
-from services.scheduler.forecaster.load import Learner, read_queued, read_rows, snapshot_of
+from services.scheduler.forecaster.load import RowReader, read_queued, snapshot_of
 from services.scheduler.forecaster.publish import Publisher
 from services.scheduler.forecaster.round import forecast_round, what_if
 from services.scheduler.forecaster.settings import ForecasterSettings
@@ -55,6 +55,12 @@ def load_config(settings: ForecasterSettings) -> SchedulerConfig:
     return SchedulerConfig.preset(settings.policy)
 
 
+def pause(took_s: float, every_s: float, max_busy: float) -> float:
+    """The wait after a round that took ``took_s``: the rest of the interval, but at least
+    what keeps rounds busy no more than ``max_busy`` of the time."""
+    return max(every_s - took_s, took_s * (1 - max_busy) / max_busy)
+
+
 class Forecaster:
     """The rounds' state: the last snapshot (for what-ifs), the history, what was sent."""
 
@@ -64,7 +70,7 @@ class Forecaster:
         self.engine = engine
         self.producer = producer
         self.config = config
-        self.learner = Learner(first_read=settings.forecast_history)
+        self.reader = RowReader(first_read=settings.forecast_history)
         self.publisher = Publisher(settings.forecast_move_ratio, settings.forecast_move_s,
                                    settings.forecast_refresh_s)
         self.snapshot: Snapshot | None = None
@@ -74,15 +80,14 @@ class Forecaster:
         """One round; returns the events published."""
         t0 = time.perf_counter()
         async with self.engine.connect() as conn:
-            rows = await read_rows(conn)
+            rows = await self.reader.read(conn)
             queued = await read_queued(conn)
-            await self.learner.learn(conn)
         now = time.time()
         t1 = time.perf_counter()
         ROUND_SECONDS.labels("load").observe(t1 - t0)
         snap, who = snapshot_of(rows, now)
         forecasts = await asyncio.to_thread(
-            forecast_round, self.config, snap, who, self.learner.history,
+            forecast_round, self.config, snap, who, self.reader.history,
             resolution=self.settings.forecast_resolution, queued=queued)
         t2 = time.perf_counter()
         ROUND_SECONDS.labels("forecast").observe(t2 - t1)
@@ -111,7 +116,8 @@ class Forecaster:
             if self.rounds == 1 or sent:
                 log.info("forecast round", published=sent, rounds=self.rounds,
                          waiting=len(self.snapshot.pending) if self.snapshot else 0)
-            await asyncio.sleep(max(0.0, self.settings.forecast_every_s - (time.monotonic() - started)))
+            await asyncio.sleep(pause(time.monotonic() - started, self.settings.forecast_every_s,
+                                      self.settings.forecast_max_busy))
 
 
 # --- POST /v1/what-if ---------------------------------------------------------------------
@@ -162,7 +168,7 @@ def create_app(fc: Forecaster, ready: ReadyCheck) -> FastAPI:
                             user=c.user, submitted_at=now, attempt=1) for c in body.candidates]
         t0 = time.perf_counter()
         try:
-            got = await asyncio.to_thread(what_if, fc.config, snap, fc.learner.history, reqs,
+            got = await asyncio.to_thread(what_if, fc.config, snap, fc.reader.history, reqs,
                                           resolution=fc.settings.forecast_resolution)
         except ValueError as exc:
             raise HTTPException(422, detail=str(exc)) from exc

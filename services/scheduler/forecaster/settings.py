@@ -15,6 +15,9 @@ class ForecasterSettings(CommonSettings):
     policy_file: str = ""  # a SchedulerConfig YAML; empty = the preset below
     policy: str = "default"
     forecast_every_s: float = Field(5.0, gt=0, description="seconds between rounds")
+    # ... and rounds busy at most this share of the time (a slow round waits longer), so
+    # the forecaster's CPU stays bounded however large the cluster and its queue grow
+    forecast_max_busy: float = Field(0.2, gt=0, le=1)
     # publish a job's forecast again only when it moved this much, or this long after
     forecast_move_ratio: float = Field(0.05, ge=0, description="of the time to its start")
     forecast_move_s: float = Field(30.0, ge=0)

@@ -99,8 +99,8 @@ def test_every_waiting_job_gets_a_forecast_and_a_restarted_forecaster_forecasts_
         until("the late job's forecast", lambda: bool(
             (c.get(f"/v1/jobs/{late}").json().get("forecast") or {}).get("start")))
     finally:
-        for j in ids:
-            c.delete(f"/v1/jobs/{j}")
+        for job_id in ids:
+            c.delete(f"/v1/jobs/{job_id}")
         c.close()
 
 

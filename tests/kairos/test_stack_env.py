@@ -18,9 +18,9 @@ from pydantic_settings import BaseSettings
 from kairos.stack import Stack
 from services.admission.settings import AdmissionSettings, LogProxySettings
 from services.monitor.settings import MonitorSettings
-from services.scheduler.forecaster.settings import ForecasterSettings
 from services.node_agent.settings import AgentSettings
 from services.queueing.settings import QueueingSettings
+from services.scheduler.forecaster.settings import ForecasterSettings
 from services.scheduler.settings import SchedulerSettings
 
 from .fake_stack import fake_stack

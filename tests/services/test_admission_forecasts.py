@@ -21,7 +21,7 @@ def fc(job: str, as_of: float, start: float | None, **kw: object) -> JobForecast
                        finish=None if start is None else start + 600,
                        start_low=None if start is None else start - 60,
                        start_high=None if start is None else start + 120,
-                       nodes=["node0-1", "node0-2"], **kw)  # type: ignore[arg-type]
+                       nodes=["node0-1", "node0-2"], **kw)
 
 
 async def test_a_waiting_jobs_forecast_shows_until_it_starts(db_url: str) -> None:

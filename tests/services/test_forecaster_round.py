@@ -20,7 +20,8 @@ from services.scheduler.forecaster.load import RowReader, read_queued, snapshot_
 from services.scheduler.forecaster.publish import Publisher
 from services.scheduler.forecaster.round import forecast_round, what_if
 from services.scheduler.main import SchedulerService
-from services.scheduler.state import Output, SchedulerState
+from services.scheduler.model import Output
+from services.scheduler.state import SchedulerState
 from shared.config import CommonSettings
 from shared.db import make_engine
 from shared.events import JobForecast, JobState, JobStatus, WaitReason

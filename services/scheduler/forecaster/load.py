@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -75,8 +75,8 @@ def snapshot_of(rows: Rows, now: float) -> tuple[Snapshot, dict[str, Waiting]]:
     """The snapshot the leader's next cycle would see (had it loaded these rows), and
     the queue and tenant of every job in it (``<job>~<attempt>`` stand-ins excluded)."""
     cluster = Cluster(epoch=0)
-    for r in rows.nodes:
-        cluster.nodes[r["node_id"]] = node_from_row(r)
+    for n in rows.nodes:
+        cluster.nodes[n["node_id"]] = node_from_row(n)
     who: dict[str, Waiting] = {}
     for r in rows.jobs:
         if not r["ready"]:
@@ -106,19 +106,19 @@ class RowReader:
     recent: deque[tuple[str, int, float]] = field(default_factory=lambda: deque(maxlen=KEEP))
 
     async def read(self, conn: AsyncConnection) -> Rows:
-        nodes = [NodeRow(**r) for r in (await conn.execute(_NODES)).mappings()]
+        nodes = [cast(NodeRow, dict(r)) for r in (await conn.execute(_NODES)).mappings()]
         if not self.started:
-            jobs = [JobRow(**r) for r in (await conn.execute(_LIVE)).mappings()]
+            jobs = [cast(JobRow, dict(r)) for r in (await conn.execute(_LIVE)).mappings()]
             for r in reversed((await conn.execute(_HISTORY, {"n": self.first_read})).mappings().all()):
                 self._learn(r)  # oldest first: the history is in finishing order
             self.started = True
         else:
-            jobs = [JobRow(**r) for r in (await conn.execute(_ACTIVE)).mappings()]
+            jobs = [cast(JobRow, dict(r)) for r in (await conn.execute(_ACTIVE)).mappings()]
             gone = self.tracked - {j["job_id"] for j in jobs}
             if gone:
                 for r in (await conn.execute(_BY_ID, {"ids": sorted(gone)})).mappings():
                     if r["holds"]:  # over, but a task still stops: it holds its GPUs
-                        jobs.append(JobRow(**{k: r[k] for k in JobRow.__annotations__}))
+                        jobs.append(cast(JobRow, {k: r[k] for k in JobRow.__annotations__}))
                     else:
                         self._learn(r)
         self.tracked = {j["job_id"] for j in jobs}

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from kairos import cli_dryrun
 from kairos.cli_common import TokenOpt, UrlOpt, client, console, err, request
+from kairos.cli_forecast import START_COLUMNS, forecast_line
 from kairos.cli_output import Col, OutputOpt, field, printed_as_data, show, timestamp
 from shared.job_array import is_array_id
 
@@ -106,6 +107,8 @@ def describe(job_id: str, url: UrlOpt = None, token: TokenOpt = None) -> None:
         w = job["placement_wait"]
         eta = f", estimated start {w['estimated_start'][:19]}" if w.get("estimated_start") else ""
         console.print(f"waiting for GPUs: {_why(w)} ({w['detail']}){eta}")
+    if job.get("forecast"):  # the forecaster's: when, where, within which band
+        console.print(forecast_line(job["forecast"]), highlight=False)
     if job.get("placement"):
         t = Table("task", "node", "gpus", title="placement")
         for p in job["placement"]:
@@ -150,9 +153,17 @@ def jobs(
     tenant: Annotated[str | None, typer.Option(help="only this tenant's jobs (admin)")] = None,
     array: Annotated[str | None, typer.Option(help="only this job array's elements")] = None,
     limit: Annotated[int, typer.Option(help="at most this many", min=1)] = 50,
+    start: Annotated[bool, typer.Option("--start", help="waiting jobs with their expected "
+                                        "start, band and nodes (like squeue --start)")] = False,
     output: OutputOpt = None, url: UrlOpt = None, token: TokenOpt = None,
 ) -> None:
     """Jobs with their state (like squeue / vcctl job list)."""
+    if start:
+        with client(url, token) as c:
+            page = request(c, "GET", "/v1/forecasts", params={k: v for k, v in (
+                ("queue", queue), ("tenant", tenant), ("limit", min(limit, 5000))) if v})
+        show(console, page["items"], START_COLUMNS, output)
+        return
     params: dict[str, Any] = {k: v for k, v in (
         ("state", state), ("queue", queue), ("user", user), ("tenant", tenant),
         ("array", array)) if v}

@@ -34,7 +34,10 @@ from kairos.supervisor import Child, Supervisor
 from shared.bus import ensure_topics, wait_for_broker
 from shared.db import make_engine, prepare_database
 
-SERVICES = ("admission", "queueing", "scheduler", "monitor")
+SERVICES = ("admission", "queueing", "scheduler", "monitor", "forecaster")
+# a service whose module is not services.<name>: the forecaster is a part of the
+# scheduler's package that runs as a process of its own
+MODULES = {"forecaster": "services.scheduler.forecaster"}
 WORKDIR = Path(".kairos")  # `kairos up`'s state: PostgreSQL's data, agents' state, logs
 # in the workdir while a stack runs: every part, its URL and log (`kairos status` reads it)
 SERVICES_FILE = "services.json"
@@ -155,9 +158,12 @@ class Stack:
         if not self.fresh:  # the next start reuses it: tokens saved for the CLI stay valid
             self._token_file.touch(0o600)
             self._token_file.write_text(self.token)
-        self.start_service("admission", port=self.admission_port)
+        # the gateway's dry runs ask the forecaster: its port is chosen before either starts
+        forecaster_port = free_port()
+        self.start_service("admission", port=self.admission_port, extra_env={
+            "KAIROS_FORECASTER_URL": os.environ.get("KAIROS_FORECASTER_URL", f"http://127.0.0.1:{forecaster_port}")})
         for name in SERVICES[1:]:
-            self.start_service(name)
+            self.start_service(name, port=forecaster_port if name == "forecaster" else None)
         self.start_agents()
         self.wait_ready()
         self.write_services()
@@ -263,7 +269,7 @@ class Stack:
                       extra_env: dict[str, str] | None = None) -> Proc:
         port = port or free_port()
         log = self.workdir / "logs" / f"{name}.log"
-        argv = [sys.executable, "-m", module or f"services.{name}"]
+        argv = [sys.executable, "-m", module or MODULES.get(name, f"services.{name}")]
         host, ns = "127.0.0.1", self.netns.get(name)
         if ns is not None:
             argv, host = ns.wrap(argv), ns.ns_ip

@@ -39,6 +39,11 @@ JOBS_COMMANDS = Topic(
     "jobs.commands", "job id", 8, 7 * DAY_MS, (ev.JobCommand,),
     "Cancel, preempt and resize requests.",
 )
+JOBS_FORECASTS = Topic(
+    "jobs.forecasts", "job id", 8, 1 * DAY_MS, (ev.JobForecast,),
+    "Each waiting job's expected start, finish, nodes and band, from the forecaster, "
+    "when it moves (or every minute).",
+)
 BINDINGS = Topic(
     "bindings", "node id", 64, 7 * DAY_MS, (ev.Binding,),
     "The scheduler's decisions per node, fenced by its epoch.",
@@ -71,7 +76,7 @@ BROKER = Topic(
 )
 
 ALL_TOPICS: tuple[Topic, ...] = (
-    JOBS_SUBMITTED, JOBS_READY, JOBS_STATUS, JOBS_COMMANDS, BINDINGS,
+    JOBS_SUBMITTED, JOBS_READY, JOBS_STATUS, JOBS_COMMANDS, JOBS_FORECASTS, BINDINGS,
     NODES_LIFECYCLE, NODES_TELEMETRY, QUEUES_EVENTS, DEAD_LETTER, BROKER,
 )
 BY_NAME: dict[str, Topic] = {t.name: t for t in ALL_TOPICS}

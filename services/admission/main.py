@@ -17,6 +17,7 @@ from shared.refill import BrokerWatch
 from shared.service import ServiceRuntime, run_main
 from shared.topics import (
     BINDINGS,
+    JOBS_FORECASTS,
     JOBS_STATUS,
     NODES_LIFECYCLE,
     NODES_TELEMETRY,
@@ -62,6 +63,12 @@ async def main(settings: AdmissionSettings | None = None) -> None:
         ConsumerOptions("admission-nodes", [NODES_LIFECYCLE.name, NODES_TELEMETRY.name],
                         fetch_max_wait_ms=100),
         handle_node, rt.producer, batch_handler=handle_node_batch))
+    # forecasts apart too: a minute's refresh of thousands of waiting jobs must not hold
+    # up the jobs' own reports
+    rt.add_consumer(Consumer(
+        settings, ConsumerOptions("admission-forecasts", [JOBS_FORECASTS.name],
+                                  fetch_max_wait_ms=100),
+        handle, rt.producer, batch_handler=handle_batch))
     relay = OutboxRelay(engine, rt.producer, settings.database_url,
                         timedelta(seconds=settings.outbox_replay_window_s))
     rt.add_loop(relay.run)

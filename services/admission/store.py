@@ -11,6 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.admission import ops_views, usage
+from services.admission.forecasts_view import apply_forecast
 from services.admission.node_health import GpuHealthTracker
 from services.admission.queues_view import apply_job_waiting, apply_queue_event
 from shared.db import autocommit
@@ -21,6 +22,7 @@ from shared.events import (
     Envelope,
     Event,
     JobCommand,
+    JobForecast,
     JobState,
     JobStatus,
     JobSubmitted,
@@ -256,6 +258,8 @@ async def _apply_events(engine: AsyncEngine, items: list[tuple[Envelope, Event]]
                 await apply_queue_event(conn, event)
             elif isinstance(event, JobWaiting):
                 await apply_job_waiting(conn, env.id, event, env.occurred_at)
+            elif isinstance(event, JobForecast):
+                await apply_forecast(conn, event)
         await _apply_heartbeats(conn, beats)
 
 
@@ -295,7 +299,9 @@ _JOB_STATUS = text(f"""
         WHERE :leaves_wait AND position = 0 AND job_id IN (SELECT id FROM moved)),
     freed AS (
         DELETE FROM allocations_view
-        WHERE :frees AND job_id IN (SELECT id FROM moved))
+        WHERE :frees AND job_id IN (SELECT id FROM moved)),
+    unforecast AS (
+        DELETE FROM job_forecasts WHERE :leaves_wait AND job_id IN (SELECT id FROM moved))
     SELECT count(*) FROM moved""")
 
 

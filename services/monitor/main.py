@@ -37,6 +37,7 @@ from shared.service import ServiceRuntime, run_main
 from shared.topics import (
     BINDINGS,
     DEAD_LETTER,
+    JOBS_FORECASTS,
     JOBS_STATUS,
     JOBS_SUBMITTED,
     NODES_LIFECYCLE,
@@ -46,7 +47,7 @@ from shared.topics import (
 
 log = get_logger(__name__)
 
-SHARD_TOPICS = (NODES_TELEMETRY.name, JOBS_STATUS.name, DEAD_LETTER.name)
+SHARD_TOPICS = (NODES_TELEMETRY.name, JOBS_STATUS.name, DEAD_LETTER.name, JOBS_FORECASTS.name)
 VIEW_TOPICS = (JOBS_SUBMITTED.name, JOBS_STATUS.name, BINDINGS.name, NODES_LIFECYCLE.name,
                QUEUES_EVENTS.name)
 

@@ -85,6 +85,11 @@ class MonitorMetrics:
         self.deadletters = Counter("kairos_cluster_deadletters_total",
                                    "Messages on the dead-letter topic", ["topic", "reason"],
                                    registry=r)
+        self.forecast_wait = Histogram(
+            "kairos_forecast_start_seconds",
+            "Forecast wait to start (start - as_of) of each job.forecast, by queue; a job "
+            "with no start in the horizon lands in +Inf, one waiting for quota is not counted",
+            ["queue"], buckets=(*JOB_BUCKETS, 7 * 86400, 30 * 86400), registry=r)
         # --- every replica ---
         self.is_leader = Gauge("kairos_monitor_is_leader",
                                "1 on the replica that exports the cluster-wide series",

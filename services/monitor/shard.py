@@ -1,8 +1,8 @@
 """The partitioned share of the monitor's work.
 
 Every replica joins the ``monitor`` consumer group on the topics whose events stand alone
-(nodes.telemetry keyed by node, jobs.status keyed by job, deadletter keyed by source
-topic); the group gives each replica a subset of their partitions, and each replica
+(nodes.telemetry keyed by node, jobs.status and jobs.forecasts keyed by job, deadletter
+keyed by source topic); the group gives each replica a subset of their partitions, and each replica
 exports only what it read: per-GPU telemetry for the nodes of its partitions, the count
 of their degraded GPUs, job transitions and dead letters. Prometheus adds the shares up.
 When a rebalance takes a partition away, the next export drops its nodes' series, so a
@@ -11,6 +11,7 @@ GPU is not reported by two replicas for longer than one batch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,9 +21,11 @@ from shared.events import (
     DeadLetter,
     Event,
     GpuHealth,
+    JobForecast,
     JobStatus,
     NodeTelemetry,
     TransitionReason,
+    WaitReason,
     classify_transition,
 )
 
@@ -72,6 +75,9 @@ class ShardView:
             m.transitions.labels(event.state.value, transition_reason(event).value).inc()
         elif isinstance(event, DeadLetter):
             m.deadletters.labels(event.topic, event.reason).inc()
+        elif isinstance(event, JobForecast) and event.reason is not WaitReason.QUOTA:
+            wait = math.inf if event.start is None else max(0.0, event.start - event.as_of)
+            m.forecast_wait.labels(event.queue).observe(wait)
 
     def export(self, owned: set[int]) -> None:
         """``owned``: the telemetry partitions this replica holds now."""

@@ -2,7 +2,7 @@
 
 Every message on every topic is an :class:`Envelope` serialised as JSON whose ``data``
 is the event its ``type`` names (``EVENT_TYPES``). The models live by subject:
-``jobs``, ``bindings``, ``nodes``, ``queues``, ``system`` (dead letters, the broker's
+``jobs``, ``forecasts``, ``bindings``, ``nodes``, ``queues``, ``system`` (dead letters, the broker's
 incarnation); ``reasons`` holds the codes of why a job waits or changed state,
 ``envelope`` the wire format and the registry. This package exports them all: import
 from ``shared.events``.
@@ -18,6 +18,7 @@ from shared.events.bindings import (
     TaskBinding,
 )
 from shared.events.envelope import EVENT_TYPES, Envelope
+from shared.events.forecasts import JobForecast
 from shared.events.jobs import (
     FENCED,
     RETURNED,
@@ -82,6 +83,7 @@ __all__ = [
     "GpuInfo",
     "GpuTelemetry",
     "JobCommand",
+    "JobForecast",
     "JobReady",
     "JobState",
     "JobStatus",

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.events.base import Event, utcnow
 from shared.events.bindings import Binding, BindingRefused
+from shared.events.forecasts import JobForecast
 from shared.events.jobs import JobCommand, JobReady, JobStatus, JobSubmitted, JobWaiting
 from shared.events.nodes import (
     NodeCommand,
@@ -31,6 +32,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         JobReady,
         JobStatus,
         JobWaiting,
+        JobForecast,
         BindingRefused,
         JobCommand,
         Binding,

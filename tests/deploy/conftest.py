@@ -26,6 +26,7 @@ SERVICES = {
     "scheduler": "services.scheduler",
     "node-agent": "services.node_agent",
     "monitor": "services.monitor",
+    "forecaster": "services.scheduler.forecaster",
 }
 ONE_SHOT_MODULES = ("kairos.topics", "kairos.migrate")
 INSTALL_HINT = "run scripts/install-deploy-tools.sh"

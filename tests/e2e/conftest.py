@@ -21,7 +21,8 @@ def stack() -> Iterator[Stack]:
               nodes_per_agent=2, admission_port=free_port(),
               env={"KAIROS_HEARTBEAT_S": "1", "KAIROS_TELEMETRY_S": "1",
                    "KAIROS_LOST_AFTER_S": "10", "KAIROS_SESSION_TIMEOUT_MS": "6000",
-                   "KAIROS_REBALANCE_TIMEOUT_MS": "6000", "KAIROS_HEARTBEAT_INTERVAL_MS": "500"})
+                   "KAIROS_REBALANCE_TIMEOUT_MS": "6000", "KAIROS_HEARTBEAT_INTERVAL_MS": "500",
+                   "KAIROS_FORECAST_EVERY_S": "1"})
     s.start()
     yield s
     s.stop()

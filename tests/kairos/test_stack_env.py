@@ -20,6 +20,7 @@ from services.admission.settings import AdmissionSettings, LogProxySettings
 from services.monitor.settings import MonitorSettings
 from services.node_agent.settings import AgentSettings
 from services.queueing.settings import QueueingSettings
+from services.scheduler.forecaster.settings import ForecasterSettings
 from services.scheduler.settings import SchedulerSettings
 
 from .fake_stack import fake_stack
@@ -31,11 +32,13 @@ READERS: dict[str, tuple[str, tuple[type[BaseSettings], ...]]] = {
     "queueing": ("queueing", (QueueingSettings,)),
     "scheduler": ("scheduler", (SchedulerSettings,)),
     "monitor": ("monitor", (MonitorSettings,)),
+    "forecaster": ("forecaster", (ForecasterSettings,)),
     "node-agent": ("node-agent#node0", (AgentSettings,)),
 }
 # docs/deploy.md's Configuration section: its table headings, by service
 SECTIONS = {"Every service": list(READERS), "Admission": ["admission"],
             "Queueing": ["queueing"], "Scheduler": ["scheduler"], "Monitor": ["monitor"],
+            "Forecaster": ["forecaster"],
             "Node agent": ["node-agent"]}
 # what the stack sets itself, winning over the user's (kairos/stack.py service_env and
 # start_agents): per service, or "*" for every one

@@ -16,6 +16,7 @@ class ReadyBuilder:
                                       "resources": {"gpu": 1}}
         self._spec: dict[str, Any] = {"name": job_id.lower(), "duration": 1}
         self._attempt = 1
+        self._tenant = "t"
 
     def gpus(self, n: int) -> ReadyBuilder:
         self._task["resources"] = {"gpu": n}
@@ -37,6 +38,18 @@ class ReadyBuilder:
         self._spec["duration"] = seconds
         return self
 
+    def estimate(self, seconds: float) -> ReadyBuilder:
+        self._spec["runtimeEstimate"] = seconds
+        return self
+
+    def not_preemptible(self) -> ReadyBuilder:
+        self._spec["preemptible"] = False
+        return self
+
+    def tenant(self, name: str) -> ReadyBuilder:
+        self._tenant = name
+        return self
+
     def priority_class(self, name: str) -> ReadyBuilder:
         self._spec["priorityClass"] = name
         return self
@@ -47,7 +60,7 @@ class ReadyBuilder:
 
     def build(self) -> JobReady:
         spec = parse_job_spec({**self._spec, "tasks": [self._task]})
-        return JobReady(job_id=self.job_id, queue="default", tenant="t", user="u", spec=spec,
+        return JobReady(job_id=self.job_id, queue="default", tenant=self._tenant, user="u", spec=spec,
                         submitted_at=utcnow(), admitted_at=utcnow(), attempt=self._attempt)
 
 

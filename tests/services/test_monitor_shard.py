@@ -7,6 +7,7 @@ import json
 
 import pytest
 from prometheus_client import CollectorRegistry
+from prometheus_client.utils import floatToGoString
 
 from services.monitor.fragmentation import NodeRoom, Shape, fragmentation
 from services.monitor.metrics import MonitorMetrics
@@ -17,6 +18,7 @@ from shared.events import (
     Envelope,
     GpuHealth,
     GpuTelemetry,
+    JobForecast,
     JobState,
     JobStatus,
     NodeTelemetry,
@@ -130,3 +132,18 @@ def test_an_old_events_text_is_classified(reason: str, expected: TransitionReaso
 ])
 def test_fragmentation(rooms: list[NodeRoom], shapes: list[Shape], expected: float) -> None:
     assert fragmentation(rooms, shapes) == pytest.approx(expected)
+
+
+def test_forecasts_are_observed_as_waits_per_queue() -> None:
+    reg = CollectorRegistry()
+    shard = ShardView(MonitorMetrics(reg), telemetry_partitions=4)
+    shard.apply(JobForecast(job_id="a", queue="research", tenant="t", as_of=100, start=400))
+    shard.apply(JobForecast(job_id="b", queue="research", tenant="t", as_of=100, start=None))
+    shard.apply(JobForecast(job_id="c", queue="research", tenant="t", as_of=100, reason="quota"))
+    labels = {"queue": "research"}
+    assert reg.get_sample_value("kairos_forecast_start_seconds_count", labels) == 2
+    assert reg.get_sample_value("kairos_forecast_start_seconds_bucket", {**labels, "le": "300.0"}) == 1
+    assert reg.get_sample_value("kairos_forecast_start_seconds_bucket",
+                                {**labels, "le": floatToGoString(30 * 86400)}) == 1
+    assert reg.get_sample_value("kairos_forecast_start_seconds_bucket",
+                                {**labels, "le": "+Inf"}) == 2  # no start: +Inf only

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from services.admission.models.forecasts import ForecastOut
 from shared.events.reasons import TransitionCode, WaitCode
 
 
@@ -86,6 +87,9 @@ class JobOut(BaseModel):
     placement_wait: PlacementWaitOut | None = Field(
         default=None, description="admitted, while it waits for GPUs: the scheduler's "
         "reason and, when backfill has one, an estimated start")
+    forecast: ForecastOut | None = Field(
+        default=None, description="while it waits: the forecaster's expected start, "
+        "finish, band and nodes")
 
 
 class ResizeIn(BaseModel):

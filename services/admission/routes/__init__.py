@@ -8,6 +8,7 @@ from services.admission.routes import (
     access,
     arrays,
     environments,
+    forecasts,
     job_stream,
     jobs,
     logs,
@@ -24,6 +25,7 @@ def api_router(settings: AdmissionSettings) -> APIRouter:
     api = APIRouter()
     api.include_router(jobs.router)
     api.include_router(jobs.listing_router(settings.max_page_size))
+    api.include_router(forecasts.router)
     for group in (nodes, access, node_ops, environments, job_stream, usage, logs, queues,
                   arrays):
         api.include_router(group.router)

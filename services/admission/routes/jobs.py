@@ -13,10 +13,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission import cursor as page_cursor
 from services.admission import dry_run as dry_runs
-from services.admission import queues_view, ratelimit, spec_body, store
+from services.admission import forecasts_view, queues_view, ratelimit, spec_body, store
 from services.admission.auth import Principal
 from services.admission.deps import Caller, EngineDep, IntakeDep, SettingsDep
 from services.admission.models.dry_run import DryRunOut
+from services.admission.models.forecasts import forecast_out
 from services.admission.models.jobs import (
     ArrayOut,
     JobList,
@@ -156,6 +157,8 @@ async def get_job(job_id: str, caller: Caller, engine: EngineDep) -> JobOut:
     out = job_out(row, detail=True)
     out.waiting = await _waiting(engine, job_id, row["state"])  # why it still waits
     out.placement_wait = await _placement_wait(engine, job_id, row["state"])
+    if row["state"] in forecasts_view.WAITING_STATES:
+        out.forecast = forecast_out(await forecasts_view.forecast(engine, job_id))
     return out
 
 

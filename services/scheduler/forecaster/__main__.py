@@ -1,0 +1,3 @@
+from services.scheduler.forecaster.service import run
+
+run()

@@ -174,12 +174,12 @@ def show(answer: dict[str, Any], output: Output | None) -> None:
 
 
 def _relative(f: dict[str, Any], key: str) -> float | None:
-    """Seconds from the gateway's now to a forecast time: measured from ``inSeconds``,
+    """Seconds from the gateway's now to a forecast time: measured from ``in_seconds``,
     so this machine's clock does not enter."""
-    if f.get(key) is None or f.get("start") is None or f.get("inSeconds") is None:
+    if f.get(key) is None or f.get("start") is None or f.get("in_seconds") is None:
         return None
     delta = datetime.fromisoformat(f[key]) - datetime.fromisoformat(f["start"])
-    return float(f["inSeconds"]) + delta.total_seconds()
+    return float(f["in_seconds"]) + delta.total_seconds()
 
 
 def _when(s: float | None) -> str:
@@ -190,7 +190,7 @@ def _quota(a: dict[str, Any]) -> str:
     q = a["quota"]
     if q["admitted"]:
         return "admits (borrowing)" if q.get("borrowing") else "admits"
-    return f"blocked: {q['blockedBy']}"
+    return f"blocked: {q['blocked_by']}"
 
 
 def row_cells(row: dict[str, Any]) -> list[str]:
@@ -206,10 +206,10 @@ def row_cells(row: dict[str, Any]) -> list[str]:
         return [*head, _quota(a), "-", "-", "-", "-"]
     if f.get("start") is None:
         return [*head, _quota(a), "none in horizon", "-", "-", "-"]
-    low, high = _relative(f, "startLow"), _relative(f, "startHigh")
+    low, high = _relative(f, "start_low"), _relative(f, "start_high")
     band = "-" if low is None or high is None else \
         f"{'now' if low < 5 else in_words(low)} to {in_words(high)}"
-    return [*head, _quota(a), _when(f["inSeconds"]), band, _when(_relative(f, "finish")),
+    return [*head, _quota(a), _when(f["in_seconds"]), band, _when(_relative(f, "finish")),
             ", ".join(f.get("nodes") or []) or "-"]
 
 
@@ -219,7 +219,7 @@ def what_if_table(rows: list[dict[str, Any]]) -> Table:
     why = []
     for row in rows:
         t.add_row(*(Text(c) for c in row_cells(row)))  # plain text: no rich markup
-        unavailable = row.get("answer", {}).get("forecastUnavailable")
+        unavailable = row.get("answer", {}).get("forecast_unavailable")
         if unavailable:
             why.append(unavailable)
     if why:

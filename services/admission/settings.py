@@ -64,8 +64,8 @@ class AdmissionSettings(CommonSettings):
     stream_max_s: float = Field(default=3600.0, gt=0)
     # --- dry runs (dry_run.py) ---
     # the forecaster service a dry run asks when the job would start (POST /v1/what-if);
-    # empty: none, a dry run answers without a forecast. 8085 is its default port
-    forecaster_url: str = "http://127.0.0.1:8085"
+    # empty: none, a dry run answers without a forecast. 8005 is its default port
+    forecaster_url: str = "http://127.0.0.1:8005"
     # a dry run waits this long for the forecast, then answers without one
     forecaster_timeout_s: float = Field(default=2.0, gt=0, le=60)
 

@@ -5,8 +5,10 @@ forecaster's what-if answers; and killed and started again, it forecasts anew.""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -42,7 +44,7 @@ def cli(stack: Stack, *args: str) -> str:
 
 
 def test_every_waiting_job_gets_a_forecast_and_a_restarted_forecaster_forecasts_again(
-        stack: Stack) -> None:
+        stack: Stack, tmp_path: Path) -> None:
     c = httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {stack.token}"},
                      timeout=30)
     ids: list[str] = []
@@ -85,6 +87,20 @@ def test_every_waiting_job_gets_a_forecast_and_a_restarted_forecaster_forecasts_
         [one] = r.json()["forecasts"]
         assert one["job_id"] == "what-if-1" and one["start"] > r.json()["as_of"]
 
+        # a dry run through the gateway asks the real forecaster: a start later than now
+        # (the cluster is full), on nodes, and nothing stored
+        r = c.post("/v1/jobs", params={"dryRun": "All"}, json=spec("fc-dry"))
+        assert r.status_code == 200, r.text
+        dry = r.json()
+        assert dry["forecast_unavailable"] is None, dry
+        assert dry["forecast"]["nodes"] and dry["forecast"]["in_seconds"] > 0
+        assert "would start in about" in dry["summary"]
+        assert "fc-dry" not in _names(c)
+        spec_file = tmp_path / "dry.json"
+        spec_file.write_text(json.dumps(spec("fc-whatif")))
+        table = cli(stack, "submit", "--dry-run", "--what-if", "gpu=8,16", str(spec_file))
+        assert "gpu=8" in table and "gpu=16" in table, table
+
         # the forecaster killed: a job submitted meanwhile is forecast once it is back
         forecaster.popen.kill()
         forecaster.popen.wait(15)
@@ -102,6 +118,18 @@ def test_every_waiting_job_gets_a_forecast_and_a_restarted_forecaster_forecasts_
         for job_id in ids:
             c.delete(f"/v1/jobs/{job_id}")
         c.close()
+
+
+def _names(c: httpx.Client) -> set[str]:
+    """Every job's name, page by page."""
+    names: set[str] = set()
+    cursor: str | None = None
+    while True:
+        page = c.get("/v1/jobs", params={"limit": 100, **({"cursor": cursor} if cursor else {})}).json()
+        names |= {j["name"] for j in page["items"]}
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return names
 
 
 def _ready(url: str) -> bool:

@@ -83,20 +83,20 @@ def test_a_job_without_one_whole_gpu_task_cannot_be_varied() -> None:
 
 
 def answer(**forecast: Any) -> dict[str, Any]:
-    quota = {"admitted": True, "borrowing": False, "blockedBy": None, "detail": "",
-             "ask": {"gpus": 8, "cpuMilli": 0, "memoryMib": 0}, "waitingAhead": 0}
+    quota = {"admitted": True, "borrowing": False, "blocked_by": None, "detail": "",
+             "ask": {"gpus": 8, "cpu_milli": 0, "memory_mib": 0}, "waiting_ahead": 0}
     return {"name": "j", "queue": "default", "quota": quota, "summary": "",
             "forecast": forecast or None,
-            "forecastUnavailable": None if forecast else "the forecaster is down"}
+            "forecast_unavailable": None if forecast else "the forecaster is down"}
 
 
 def test_the_table_has_a_row_per_variant_with_the_band_and_refusals() -> None:
     gang = example("data-parallel-gang.yaml")
     rows = [
         {"variant": "gpu=8", "spec": variant(gang, "gpu", 8), "answer": answer(
-            start="2026-01-01T10:12:00+00:00", startLow="2026-01-01T10:08:00+00:00",
-            startHigh="2026-01-01T10:20:00+00:00", finish="2026-01-01T12:10:00+00:00",
-            inSeconds=720.0, nodes=["node3-1", "node3-2"])},
+            start="2026-01-01T10:12:00+00:00", start_low="2026-01-01T10:08:00+00:00",
+            start_high="2026-01-01T10:20:00+00:00", finish="2026-01-01T12:10:00+00:00",
+            in_seconds=720.0, nodes=["node3-1", "node3-2"])},
         {"variant": "gpu=16", "spec": variant(gang, "gpu", 16), "answer": answer()},
         {"variant": "gpu=32", "spec": variant(gang, "gpu", 32),
          "refused": "422: tasks: queue default can never hold more than 16"},

@@ -62,13 +62,13 @@ async def test_a_dry_run_stores_and_publishes_nothing_a_submit_would(gw: Gateway
     r = await gw.http.post(DRY, json=JOB, headers=auth(token))
     assert r.status_code == 200, r.text
     out = r.json()
-    assert (out["dryRun"], out["valid"], out["queue"], out["tenant"]) == (
+    assert (out["dry_run"], out["valid"], out["queue"], out["tenant"]) == (
         "All", True, "default", "vision")
-    assert out["quota"]["admitted"] is True and out["quota"]["blockedBy"] is None
+    assert out["quota"]["admitted"] is True and out["quota"]["blocked_by"] is None
     assert out["quota"]["ask"]["gpus"] == 1
     r = await gw.http.post(DRY, json={**JOB, "array": "0-99%10"}, headers=auth(token))
     assert r.status_code == 200, r.text
-    assert r.json()["arraySize"] == 100
+    assert r.json()["array_size"] == 100
     assert r.json()["summary"].startswith("an array of 100 jobs")
     assert await counts(gw) == before  # no job, history, array, outbox row or rate token
     await gw.submit(token)  # the same spec for real: the counts can move
@@ -134,13 +134,13 @@ async def test_over_quota_the_dry_run_names_the_queue_that_blocks_it(gw: Gateway
     assert r.status_code == 200, r.text
     quota = r.json()["quota"]
     assert quota["admitted"] is False
-    assert quota["blockedBy"] == "quota of queue `research`"
-    assert quota["waitingAhead"] == 3 and "research" in quota["detail"]
+    assert quota["blocked_by"] == "quota of queue `research`"
+    assert quota["waiting_ahead"] == 3 and "research" in quota["detail"]
     assert "blocked meanwhile by: quota of queue `research`" in r.json()["summary"]
     await announce_usage(gw, "research", 6)  # room for 2 again
     await announce_usage(gw, "lab", 6)
     quota = (await gw.http.post(DRY, json=job, headers=auth(token))).json()["quota"]
-    assert (quota["admitted"], quota["blockedBy"], quota["borrowing"]) == (True, None, False)
+    assert (quota["admitted"], quota["blocked_by"], quota["borrowing"]) == (True, None, False)
 
 
 async def test_above_its_guarantee_a_job_borrows_from_the_cohort(gw: Gateway) -> None:
@@ -154,7 +154,7 @@ async def test_above_its_guarantee_a_job_borrows_from_the_cohort(gw: Gateway) ->
     await announce_usage(gw, "prod", 8)  # prod takes back what it lends
     await announce_usage(gw, "lab", 8)
     quota = (await gw.http.post(DRY, json=job, headers=auth(token))).json()["quota"]
-    assert quota["admitted"] is False and quota["blockedBy"] == "quota of queue `dev`"
+    assert quota["admitted"] is False and quota["blocked_by"] == "quota of queue `dev`"
 
 
 async def test_the_forecast_comes_from_the_forecaster(
@@ -175,13 +175,13 @@ async def test_the_forecast_comes_from_the_forecaster(
     assert (cand["queue"], cand["tenant"], cand["user"]) == ("default", "vision", "vision")
     assert cand["spec"]["runtimeEstimate"] == 7080 and cand["job_id"].startswith("dryrun-")
     f = out["forecast"]
-    assert out["forecastUnavailable"] is None
-    start, low, high = (datetime.fromisoformat(f[k]) for k in ("start", "startLow",
-                                                                "startHigh"))
+    assert out["forecast_unavailable"] is None
+    start, low, high = (datetime.fromisoformat(f[k]) for k in ("start", "start_low",
+                                                                "start_high"))
     assert low < start < high < datetime.fromisoformat(f["finish"])
     assert start - low == timedelta(seconds=240)
-    assert 600 < f["inSeconds"] <= 740
-    assert f["nodes"] == ["node3-1", "node3-2"] and f["waitsFor"] == "job j-abc (priority)"
+    assert 600 < f["in_seconds"] <= 740
+    assert f["nodes"] == ["node3-1", "node3-2"] and f["waits_for"] == "job j-abc (priority)"
     assert out["summary"] == (
         "would start in about 12 min (between 8 and 20) on node3-1, node3-2; would "
         "finish about 2 h 10 min from now; blocked meanwhile by: job j-abc (priority)")
@@ -191,7 +191,7 @@ async def test_without_a_start_in_the_horizon_the_forecast_says_so(
         gw: Gateway, forecaster: StubForecaster) -> None:
     forecaster.answer = {"start": None, "waits_for": "never fits: no node has 64 GPUs"}
     out = (await gw.http.post(DRY, json=JOB, headers=auth(await gw.token("v")))).json()
-    assert out["forecast"]["start"] is None and out["forecast"]["inSeconds"] is None
+    assert out["forecast"]["start"] is None and out["forecast"]["in_seconds"] is None
     assert out["summary"].startswith("no start expected within the forecast's horizon; "
                                      "blocked meanwhile by: never fits")
 
@@ -209,7 +209,7 @@ async def test_a_forecaster_that_cannot_answer_leaves_the_forecast_out_saying_wh
     r = await gw.http.post(DRY, json=JOB, headers=auth(await gw.token("vision")))
     assert r.status_code == 200, r.text
     out = r.json()
-    assert out["forecast"] is None and why in out["forecastUnavailable"]
+    assert out["forecast"] is None and why in out["forecast_unavailable"]
     assert out["summary"].startswith("would be accepted; the quota of queue `default` "
                                      "admits it now; no forecast: ")
 
@@ -225,7 +225,7 @@ async def test_no_forecaster_or_one_down_the_dry_run_still_answers(
     async with gateway(db_url, forecaster_url=url) as gw:
         r = await gw.http.post(DRY, json=JOB, headers=auth(await gw.token("vision")))
     assert r.status_code == 200, r.text
-    assert r.json()["forecast"] is None and why in r.json()["forecastUnavailable"]
+    assert r.json()["forecast"] is None and why in r.json()["forecast_unavailable"]
 
 
 async def test_dry_runs_take_nothing_from_the_tenants_submit_rate(db_url: str) -> None:

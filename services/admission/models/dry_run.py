@@ -1,27 +1,22 @@
 """A dry-run submit's answer (``POST /v1/jobs?dryRun=All``): the spec is valid, what its
-queue's quota says now, and when the forecaster expects it to start. camelCase like a
-job spec and the Kubernetes API whose ``dryRun`` convention it follows."""
+queue's quota says now, and when the forecaster expects it to start. Field names as the
+job API's answers (snake_case); only the query parameter follows the Kubernetes API."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import BaseModel, Field
 
 
-class _Camel(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
-
-
-class QuotaDemand(_Camel):
+class QuotaDemand(BaseModel):
     gpus: float = Field(description="GPUs (a share counts its compute fraction)")
     cpu_milli: float
     memory_mib: float
 
 
-class DryRunQuota(_Camel):
+class DryRunQuota(BaseModel):
     """Whether the queue's quota would admit the job now, from the usage queueing last
     announced (jobs already waiting in the queue may be admitted first)."""
 
@@ -35,7 +30,7 @@ class DryRunQuota(_Camel):
     waiting_ahead: int = Field(0, description="jobs waiting in its queue now")
 
 
-class DryRunForecast(_Camel):
+class DryRunForecast(BaseModel):
     """The forecaster's replay of the live cluster with the job added."""
 
     as_of: datetime = Field(description="the snapshot the forecast replayed")
@@ -49,7 +44,7 @@ class DryRunForecast(_Camel):
     waits_for: str | None = Field(description="what it waits behind meanwhile")
 
 
-class DryRunOut(_Camel):
+class DryRunOut(BaseModel):
     dry_run: Literal["All"] = Field("All", description="nothing was stored or published")
     valid: bool = Field(True, description="a submit of this spec would be accepted")
     name: str

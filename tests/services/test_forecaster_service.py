@@ -1,12 +1,14 @@
 """The forecaster's process parts on the real broker and PostgreSQL: started before the
 scheduler has any rows it answers the what-if with 503 and publishes nothing, then, once
 the leader has stored jobs, publishes a forecast for each on jobs.forecasts (once, not
-every round); a restarted forecaster publishes them all again."""
+every round); a restarted forecaster publishes them all again; of two replicas only the
+elected one publishes, and the other takes over when it goes."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections.abc import AsyncIterator
 
@@ -15,7 +17,12 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.scheduler.forecaster.service import Forecaster, create_app, load_config
+from services.scheduler.forecaster.service import (
+    Forecaster,
+    create_app,
+    load_config,
+    publisher_election,
+)
 from services.scheduler.forecaster.settings import ForecasterSettings
 from shared.bus import Producer
 from shared.db import make_engine
@@ -110,3 +117,42 @@ async def test_started_before_any_rows_it_recovers_and_publishes(
     got = await published(broker, {"w1", "w2", "w3"}, now, want=6)
     assert sorted(f.job_id for f in got) == ["w1", "w1", "w2", "w2", "w3", "w3"]
     assert all(f.start is not None and f.nodes for f in got)
+
+
+async def test_of_two_replicas_one_publishes_and_the_other_takes_over(
+        engine: AsyncEngine, db_url: str, broker: str) -> None:
+    settings = ForecasterSettings(database_url=db_url, kafka_bootstrap=broker, election_poll_s=0.2,
+                                  election_key=random.randrange(1, 2**62))
+    producer = Producer(broker, "forecaster")
+    await producer.start()
+    now = time.time()
+    await busy_cluster(engine, db_url, now)
+    replicas = [Forecaster(settings, engine, producer, load_config(settings)) for _ in range(2)]
+    campaigns = {id(fc): asyncio.create_task(publisher_election(fc)()) for fc in replicas}
+    try:
+        async with asyncio.timeout(20):
+            while not any(fc.publishing for fc in replicas):
+                await asyncio.sleep(0.05)
+        leader, standby = sorted(replicas, key=lambda fc: not fc.publishing)
+        assert not standby.publishing
+        assert await standby.round_once() == 0  # it forecasts (for its what-ifs), sends nothing
+        assert standby.snapshot is not None and len(standby.snapshot.pending) == 3
+        assert await leader.round_once() == 3
+        assert await leader.round_once() == 0
+        # the leader's process ends (its campaign with it): the standby is elected and
+        # sends every forecast once, as a fresh publisher
+        campaigns[id(leader)].cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await campaigns[id(leader)]
+        assert not leader.publishing
+        async with asyncio.timeout(20):
+            while not standby.publishing:
+                await asyncio.sleep(0.05)
+        assert await standby.round_once() == 3
+    finally:
+        for t in campaigns.values():
+            t.cancel()
+        await asyncio.gather(*campaigns.values(), return_exceptions=True)
+        await producer.stop()
+    got = await published(broker, {"w1", "w2", "w3"}, now, want=6)
+    assert sorted(f.job_id for f in got) == ["w1", "w1", "w2", "w2", "w3", "w3"]

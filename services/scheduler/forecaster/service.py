@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import time
+import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from fastapi import FastAPI, HTTPException
@@ -29,6 +32,7 @@ from shared.events import Envelope, utcnow
 from shared.http import HttpServer, ReadyCheck, add_ops_routes
 from shared.job_request import job_request
 from shared.jobspec import JobSpec
+from shared.leader import AdvisoryLock
 from shared.logging import get_logger
 from shared.service import ServiceRuntime, run_main
 from shared.topics import JOBS_FORECASTS
@@ -42,6 +46,7 @@ WAITING = Gauge("kairos_forecaster_waiting_jobs", "Jobs the last round forecast,
                 "(scheduler: admitted and waiting for GPUs; quota: waiting in queueing)",
                 ["kind"])
 PUBLISHED = Counter("kairos_forecaster_published_total", "job.forecast events published")
+IS_PUBLISHER = Gauge("kairos_forecaster_publisher", "1 on the replica elected to publish")
 LAST_ROUND = Gauge("kairos_forecaster_last_round_timestamp_seconds",
                    "When the last round's snapshot was taken (epoch s)")
 WHAT_IF = Histogram("kairos_forecaster_what_if_seconds", "A what-if request's forecast time",
@@ -75,6 +80,7 @@ class Forecaster:
                                    settings.forecast_refresh_s)
         self.snapshot: Snapshot | None = None
         self.rounds = 0
+        self.publishing = True  # main() elects one publisher among replicas
 
     async def round_once(self) -> int:
         """One round; returns the events published."""
@@ -94,6 +100,11 @@ class Forecaster:
         self.snapshot = snap
         WAITING.labels("scheduler").set(len(snap.pending))
         WAITING.labels("quota").set(len(forecasts) - len(snap.pending))
+        if not self.publishing:  # a standby: forecasts for its what-ifs, sends nothing
+            ROUND_SECONDS.labels("total").observe(time.perf_counter() - t0)
+            LAST_ROUND.set(now)
+            self.rounds += 1
+            return 0
         send = self.publisher.select(forecasts, now)
         for i in range(0, len(send), 500):  # batches: the broker's acks overlap
             await self.producer.publish_many([(Envelope.wrap(f, self.settings.service_name),
@@ -180,6 +191,33 @@ def create_app(fc: Forecaster, ready: ReadyCheck) -> FastAPI:
     return app
 
 
+def publisher_election(fc: Forecaster) -> Callable[[], Awaitable[None]]:
+    """The campaign that makes ``fc`` its replicas' one publisher while it holds the lock
+    (until then it only forecasts, for its what-ifs); a newly elected one sends every
+    forecast once, as a restarted one does."""
+    s = fc.settings
+    fc.publishing = False
+    election = AdvisoryLock(s.database_url, f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}",
+                            s.election_key, "forecaster", poll_s=s.election_poll_s)
+
+    async def elected() -> None:
+        fc.publisher = Publisher(s.forecast_move_ratio, s.forecast_move_s, s.forecast_refresh_s)
+        fc.publishing = True
+        IS_PUBLISHER.set(1)
+
+    async def deposed() -> None:
+        fc.publishing = False
+        IS_PUBLISHER.set(0)
+
+    async def campaign() -> None:
+        try:
+            await election.run(elected, deposed)
+        finally:
+            await deposed()
+
+    return campaign
+
+
 async def main(settings: ForecasterSettings | None = None) -> None:
     settings = settings or ForecasterSettings()
     config = load_config(settings)
@@ -191,6 +229,7 @@ async def main(settings: ForecasterSettings | None = None) -> None:
     assert rt.engine is not None
     fc = Forecaster(settings, rt.engine, rt.producer, config)
     rt.add_loop(fc.run)
+    rt.add_loop(publisher_election(fc))
     await rt.run(HttpServer(create_app(fc, rt.ready), settings.http_host, settings.http_port))
 
 

@@ -27,4 +27,8 @@ class ForecasterSettings(CommonSettings):
     # the process's CPU priority (os.nice): forecasts are best effort, and where it shares
     # cores with the scheduler (the embedded stack, one VM), a cycle must not wait for one
     forecast_nice: int = Field(10, ge=0, le=19, description="added to the process's niceness")
+    # replicas: every one forecasts (each answers what-ifs from its own fresh snapshot),
+    # the one holding this PostgreSQL advisory lock publishes (so events are not doubled)
+    election_key: int = 0x4B41495246  # "KAIRF"
+    election_poll_s: float = Field(2.0, gt=0)
     forecast_history: int = Field(2000, ge=0, description="finished jobs read at start")

@@ -64,6 +64,8 @@ def forecast_line(f: dict[str, Any], now: float | None = None) -> str:
     now = time.time() if now is None else now
     start = _epoch(f.get("start"))
     behind = f", waiting behind {f['waits_for']}" if f.get("waits_for") else ""
+    if f.get("reason") == "quota":
+        behind = ", once its queue's quota admits it" + behind
     if start is None:
         if f.get("reason") == "quota":
             return "Expected start: once its queue has quota (waiting for quota)"

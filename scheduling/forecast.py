@@ -17,6 +17,11 @@ comonotone terms the quantile of the sum is the sum of the quantiles (for indepe
 ones it is narrower). Starts are not monotone in durations (a shorter job ahead may let
 a backfill in, or not), hence min and max over the three rather than low and high.
 
+Jobs not admitted yet (held for quota, ``held``): at every step ``admit`` is asked which
+of them their quota would admit now, given the jobs admitted in the replay (running or
+waiting for GPUs); those join the waiting jobs from then on (the core stays blind to how
+quota is kept: the caller's ``admit`` is queueing's rule).
+
 What the replay does not know: jobs submitted after now (a job that ranks ahead of an
 old one will overtake it), node failures, elastic grows and shrinks (jobs run at the size
 they start with), and work lost to a preemption (a stopped job resumes where it stopped).
@@ -26,7 +31,7 @@ Pure: no clock (``snapshot.now`` is now), no I/O; deterministic for a given inpu
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import chain
 
@@ -38,6 +43,9 @@ from scheduling.scheduler import Scheduler
 HORIZON_S = 30 * 86400.0  # replay no further than this past now
 MAX_CYCLES = 200_000  # a bound on any replay's steps
 _FINISH, _STOP = 0, 1
+# (jobs admitted now: running or waiting for GPUs; jobs held for quota, in their order) ->
+# the ids of held jobs admitted now
+Admit = Callable[[Sequence[JobRequest], Sequence[JobRequest]], Collection[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +81,8 @@ class _Run:
 def forecast(config: SchedulerConfig, snapshot: Snapshot, remaining: Mapping[str, Spread],
              durations: Mapping[str, Spread], *, targets: Collection[str] | None = None,
              horizon_s: float = HORIZON_S, cycle_s: float = 0.0, restore_s: float = 0.0,
-             resolution: float = 0.0, first_cycle: float | None = None) -> dict[str, JobForecast]:
+             resolution: float = 0.0, first_cycle: float | None = None,
+             held: Sequence[JobRequest] = (), admit: Admit | None = None) -> dict[str, JobForecast]:
     """Every waiting job's forecast (or only ``targets``'): start, finish and nodes from
     the replay at the middle durations, the band from the replays at the low and high
     quantiles. ``remaining``: running jobs' time left by job id; ``durations``: waiting
@@ -83,15 +92,16 @@ def forecast(config: SchedulerConfig, snapshot: Snapshot, remaining: Mapping[str
     preempted job pays to start again; ``resolution``: steps at least this fraction of
     the time already replayed apart (0.02: a start 10 h out is known to about 12 min,
     and a replay over days takes hundreds of cycles, not one per completion);
-    ``first_cycle``: when the live scheduler's next cycle runs (default: now)."""
+    ``first_cycle``: when the live scheduler's next cycle runs (default: now); ``held``
+    and ``admit``: jobs waiting for quota and the rule that admits them (see above)."""
     runs = []
     for q in (1, 0, 2):
         runs.append(replay(config, snapshot, {k: v.at(q) for k, v in remaining.items()},
                            {k: v.at(q) for k, v in durations.items()}, targets=targets,
                            horizon_s=horizon_s, cycle_s=cycle_s, restore_s=restore_s, resolution=resolution,
-                           first_cycle=first_cycle))
+                           first_cycle=first_cycle, held=held, admit=admit))
     mid = runs[0]
-    want = [j.job_id for j in snapshot.pending if targets is None or j.job_id in targets]
+    want = [j.job_id for j in chain(snapshot.pending, held) if targets is None or j.job_id in targets]
     out = {}
     for job_id in want:
         m = mid.get(job_id)
@@ -106,10 +116,12 @@ def replay(config: SchedulerConfig, snapshot: Snapshot, remaining: Mapping[str, 
            durations: Mapping[str, float], *, targets: Collection[str] | None = None,
            horizon_s: float = HORIZON_S, cycle_s: float = 0.0, restore_s: float = 0.0,
            resolution: float = 0.0, first_cycle: float | None = None,
-           max_cycles: int = MAX_CYCLES) -> dict[str, Start]:
+           max_cycles: int = MAX_CYCLES, held: Sequence[JobRequest] = (),
+           admit: Admit | None = None) -> dict[str, Start]:
     """One scenario: the snapshot played forward with these times (seconds) until every
-    waiting job (or every one of ``targets``) has started; the starts it saw."""
-    r = _Replay(config, snapshot, remaining, durations, restore_s)
+    waiting job, held ones included (or every one of ``targets``), has started; the
+    starts it saw."""
+    r = _Replay(config, snapshot, remaining, durations, restore_s, held, admit)
     if first_cycle is not None and first_cycle > snapshot.now:
         r.advance(first_cycle)
     return r.run(set(targets) if targets is not None else None, snapshot.now + horizon_s, cycle_s, resolution,
@@ -118,7 +130,8 @@ def replay(config: SchedulerConfig, snapshot: Snapshot, remaining: Mapping[str, 
 
 class _Replay:
     def __init__(self, config: SchedulerConfig, snap: Snapshot, remaining: Mapping[str, float],
-                 durations: Mapping[str, float], restore_s: float) -> None:
+                 durations: Mapping[str, float], restore_s: float, held: Sequence[JobRequest] = (),
+                 admit: Admit | None = None) -> None:
         self.sched = Scheduler(config)
         self.snap = snap
         self.restore_s = restore_s
@@ -142,7 +155,9 @@ class _Replay:
             self._push(run.end, _FINISH, job.job_id, 0)
         self.fixed = tuple(chain.from_iterable(by_job.values()))  # held by no known job: kept
         self.pending: dict[str, JobRequest] = {j.job_id: j for j in snap.pending}
-        self.left = {j.job_id: _duration(j, durations) for j in snap.pending}
+        self.held: dict[str, JobRequest] = {j.job_id: j for j in held} if admit is not None else {}
+        self.admit = admit
+        self.left = {j.job_id: _duration(j, durations) for j in chain(snap.pending, self.held.values())}
 
     def _push(self, t: float, kind: int, job_id: str, epoch: int) -> None:
         self.seq += 1
@@ -150,10 +165,12 @@ class _Replay:
 
     def run(self, targets: set[str] | None, until: float, cycle_s: float, resolution: float,
             max_cycles: int) -> dict[str, Start]:
-        want = set(self.pending) if targets is None else targets & set(self.pending)
+        waiting = set(self.pending) | set(self.held)
+        want = waiting if targets is None else targets & waiting
         starts: dict[str, Start] = {}
         s = self.snap
         for _ in range(max_cycles):
+            self._admit()
             runs = self.runs.values()
             allocs = self.fixed + tuple(chain.from_iterable(r.allocs for r in runs))
             running = tuple(r.running for r in runs)
@@ -176,6 +193,16 @@ class _Replay:
                 break
             self.advance(t)
         return starts
+
+    def _admit(self) -> None:
+        """Held jobs their quota admits now join the waiting ones."""
+        if not self.held or self.admit is None:
+            return
+        admitted = [r.running.job for r in self.runs.values()] + list(self.pending.values())
+        for job_id in self.admit(admitted, tuple(self.held.values())):
+            job = self.held.pop(job_id, None)
+            if job is not None:
+                self.pending[job_id] = job
 
     def advance(self, t: float) -> None:
         """The clock to ``t``: what ends by then ends."""

@@ -75,7 +75,7 @@ class ShardView:
             m.transitions.labels(event.state.value, transition_reason(event).value).inc()
         elif isinstance(event, DeadLetter):
             m.deadletters.labels(event.topic, event.reason).inc()
-        elif isinstance(event, JobForecast) and event.reason is not WaitReason.QUOTA:
+        elif isinstance(event, JobForecast) and (event.start is not None or event.reason is not WaitReason.QUOTA):
             wait = math.inf if event.start is None else max(0.0, event.start - event.as_of)
             m.forecast_wait.labels(event.queue).observe(wait)
 

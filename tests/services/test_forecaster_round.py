@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from scheduling import Scheduler, SchedulerConfig
+from scheduling import JobRequest, Scheduler, SchedulerConfig
 from scheduling.estimates import DurationHistory
 from services.scheduler.forecaster.load import RowReader, read_queued, snapshot_of
 from services.scheduler.forecaster.publish import Publisher
@@ -24,7 +25,7 @@ from services.scheduler.model import Output
 from services.scheduler.state import SchedulerState
 from shared.config import CommonSettings
 from shared.db import make_engine
-from shared.events import JobForecast, JobState, JobStatus, WaitReason
+from shared.events import JobForecast, JobState, JobStatus, JobSubmitted, WaitReason
 from shared.job_request import job_request
 from shared.jobspec import parse_job_spec
 from tests.services.builders import node, ready
@@ -137,22 +138,77 @@ async def test_durations_are_learnt_from_succeeded_rows(engine: AsyncEngine, db_
     assert out["a5"].finish == pytest.approx(now + 240)
 
 
-async def test_jobs_waiting_for_quota_get_a_forecast_without_a_start(
+def submitted(job_id: str, gpus: int, estimate: float) -> str:
+    """queue_jobs.event: the JobSubmitted queueing stored."""
+    spec = parse_job_spec({"name": job_id, "queue": "research", "runtimeEstimate": estimate,
+                           "tasks": [{"name": "w", "resources": {"gpu": gpus}}]})
+    return JobSubmitted(job_id=job_id, queue="research", tenant="lab", user="u", spec=spec,
+                        submitted_at=datetime.now(UTC)).model_dump_json()
+
+
+async def test_jobs_waiting_for_quota_are_admitted_in_the_replay_when_their_quota_frees(
+        engine: AsyncEngine, db_url: str) -> None:
+    """Queue research may hold 8 GPUs: q1 (8 GPUs) is admitted at once in the replay and
+    starts when the cluster has room; q2 behind it waits for q1 to end (its quota), not
+    for GPUs; a held job whose stored event cannot be read still gets a forecast, with
+    no start. The reason of all three is quota."""
+    now = time.time()
+    await busy_cluster(engine, db_url, now)
+    async with engine.begin() as conn:
+        await conn.execute(text("INSERT INTO queues (name, config, source) VALUES"
+                                " ('research', CAST(:c AS jsonb), 'api')"),
+                           {"c": json.dumps({"name": "research", "tenant": "lab",
+                                             "guaranteed": {"gpus": 8}})})
+        await conn.execute(text(
+            "INSERT INTO queue_jobs (job_id, queue, tenant, state, event) VALUES"
+            " ('q1', 'research', 'lab', 'queued', CAST(:e1 AS jsonb)),"
+            " ('q2', 'research', 'lab', 'queued', CAST(:e2 AS jsonb)),"
+            " ('q3', 'research', 'lab', 'queued', '{}'),"
+            " ('q4', 'research', 'lab', 'admitted', '{}')"),
+            {"e1": submitted("q1", 8, 100), "e2": submitted("q2", 8, 100)})
+    async with engine.connect() as conn:
+        queued = await read_queued(conn)
+        snap, who = snapshot_of(await RowReader().read(conn), now)
+    assert set(queued.who) == {"q1", "q2", "q3"} and [j.job_id for j in queued.held] == ["q1", "q2"]
+    out = forecast_round(CONFIG, snap, who, DurationHistory(), queued=queued)
+    assert set(out) == {"w1", "w2", "w3", "q1", "q2", "q3"}
+    q1, q2, q3 = out["q1"], out["q2"], out["q3"]
+    assert {f.reason for f in (q1, q2, q3)} == {WaitReason.QUOTA}
+    assert (q1.queue, q1.tenant) == ("research", "lab")
+    assert q1.start is not None and q1.start > now and q1.nodes  # the cluster is full now
+    assert q1.finish == pytest.approx(q1.start + 100)
+    assert q2.start is not None and q2.start >= q1.finish  # its queue's quota, held by q1
+    assert q3.start is None
+
+
+async def test_a_what_if_waits_for_its_queues_quota_behind_the_jobs_held_for_it(
         engine: AsyncEngine, db_url: str) -> None:
     now = time.time()
     await busy_cluster(engine, db_url, now)
     async with engine.begin() as conn:
-        await conn.execute(text(
-            "INSERT INTO queue_jobs (job_id, queue, tenant, state, event) VALUES"
-            " ('q1', 'research', 'lab', 'queued', '{}'), ('q2', 'research', 'lab', 'admitted', '{}')"))
+        await conn.execute(text("INSERT INTO queues (name, config, source) VALUES"
+                                " ('research', CAST(:c AS jsonb), 'api')"),
+                           {"c": json.dumps({"name": "research", "tenant": "lab",
+                                             "guaranteed": {"gpus": 8}})})
+        await conn.execute(text("INSERT INTO queue_jobs (job_id, queue, tenant, state, event)"
+                                " VALUES ('q1', 'research', 'lab', 'queued', CAST(:e AS jsonb))"),
+                           {"e": submitted("q1", 8, 100)})
     async with engine.connect() as conn:
         queued = await read_queued(conn)
         snap, who = snapshot_of(await RowReader().read(conn), now)
-    assert set(queued) == {"q1"}
-    out = forecast_round(CONFIG, snap, who, DurationHistory(), queued=queued)
-    assert set(out) == {"w1", "w2", "w3", "q1"}
-    q1 = out["q1"]
-    assert (q1.reason, q1.start, q1.queue, q1.tenant) == (WaitReason.QUOTA, None, "research", "lab")
+    q1 = forecast_round(CONFIG, snap, who, DurationHistory(), queued=queued)["q1"]
+
+    def cand(job_id: str, queue: str) -> JobRequest:
+        spec = parse_job_spec({"name": job_id, "queue": queue, "runtimeEstimate": 100,
+                               "tasks": [{"name": "w", "resources": {"gpu": 8}}]})
+        return job_request(spec, job_id=job_id, queue=queue, tenant="lab", user="u",
+                           submitted_at=datetime.now(UTC), attempt=1)
+
+    mine, other = what_if(CONFIG, snap, DurationHistory(), [cand("c1", "research"), cand("c2", "default")],
+                          queued=queued)
+    assert (mine.reason, mine.waits_for) == (WaitReason.QUOTA, "quota of queue research")
+    assert q1.finish is not None and mine.start is not None and mine.start >= q1.finish
+    assert other.reason != WaitReason.QUOTA and other.start is not None and other.start < mine.start
 
 
 async def test_a_what_if_forecasts_each_candidate_alone(engine: AsyncEngine, db_url: str) -> None:

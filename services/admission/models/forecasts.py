@@ -16,7 +16,7 @@ class ForecastOut(BaseModel):
 
     as_of: datetime = Field(description="the cluster snapshot it was made from")
     start: datetime | None = Field(description="expected start; empty: not within the "
-                                   "forecast's horizon, or waiting for quota")
+                                   "forecast's horizon (or held for quota with no readable spec)")
     finish: datetime | None = Field(description="expected finish")
     start_low: datetime | None = Field(description="the band: earliest expected start")
     start_high: datetime | None = Field(description="the band: latest expected start; "
@@ -24,7 +24,7 @@ class ForecastOut(BaseModel):
     nodes: list[str] = Field(description="the nodes it is expected to get")
     waits_for: str | None = Field(default=None, description="the job it waits behind")
     reason: WaitCode | None = Field(default=None, description="why it waits (quota: not "
-                                    "admitted yet, so no start)")
+                                    "admitted yet: its start is when the replay admits it)")
 
 
 def forecast_out(row: dict[str, Any] | None) -> ForecastOut | None:

@@ -1,6 +1,7 @@
 """What the forecaster reads: the scheduler leader's rows, as the leader loads them
 (``SchedulerService.load``), into the core's ``Snapshot`` through the scheduler's own
-``SnapshotBuilder``; finished jobs' durations; jobs still waiting for quota in queueing.
+``SnapshotBuilder``; finished jobs' durations; jobs still waiting for quota in queueing
+(``queue_jobs``) and the queue tree they wait on (``queues``).
 
 ``sched_jobs`` keeps every job that ever ended, so a round must not scan it: the first
 read is the leader's own start-up query (every job not over, or over but still holding a
@@ -22,16 +23,19 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from pydantic import ValidationError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from scheduling import JobRequest, Snapshot
 from scheduling.estimates import DurationHistory
+from services.scheduler.forecaster.quota import tree_of
 from services.scheduler.model import Cluster
 from services.scheduler.rows import JobRow, NodeRow, job_from_row, node_from_row
 from services.scheduler.snapshot import SnapshotBuilder
-from shared.events import JobReady
+from shared.events import JobReady, JobSubmitted
 from shared.job_request import job_request
+from shared.quota_tree import QueueTree
 
 _COLUMNS = "job_id, state, attempt, ready, placement, tasks"
 _HOLDS = "jsonb_path_exists(placement, '$[*] ? (@.state == \"bound\" || @.state == \"running\")')"
@@ -50,8 +54,9 @@ _HISTORY = text(
     " FROM sched_jobs WHERE state = 'succeeded' AND tasks->>'bound_at' IS NOT NULL"
     " ORDER BY updated_at DESC LIMIT :n")
 # admitted by nothing yet: queueing holds it until its queue has quota
-_QUEUED = text("SELECT job_id, queue, tenant FROM queue_jobs WHERE state = 'queued'"
+_QUEUED = text("SELECT job_id, queue, tenant, event FROM queue_jobs WHERE state = 'queued'"
                " ORDER BY seq LIMIT :n")
+_QUEUES = text("SELECT name, config FROM queues")
 KEEP = 20_000  # durations kept; the history is rebuilt from the last of them past twice that
 
 
@@ -89,10 +94,28 @@ def snapshot_of(rows: Rows, now: float) -> tuple[Snapshot, dict[str, Waiting]]:
     return SnapshotBuilder(cluster).snapshot(now), who
 
 
-async def read_queued(conn: AsyncConnection, limit: int = 10_000) -> dict[str, Waiting]:
-    """Jobs waiting in queueing for quota (not yet the scheduler's)."""
-    return {r.job_id: Waiting(r.queue, r.tenant)
-            for r in (await conn.execute(_QUEUED, {"n": limit}))}
+@dataclass(slots=True)
+class Queued:
+    """Jobs queueing holds for quota (not yet the scheduler's), and its queue tree."""
+
+    who: dict[str, Waiting]
+    held: list[JobRequest]  # in arrival order; one whose event cannot be read is left out
+    tree: QueueTree
+
+
+async def read_queued(conn: AsyncConnection, limit: int = 10_000) -> Queued:
+    who: dict[str, Waiting] = {}
+    held: list[JobRequest] = []
+    for r in await conn.execute(_QUEUED, {"n": limit}):
+        who[r.job_id] = Waiting(r.queue, r.tenant)
+        try:
+            ev = JobSubmitted.model_validate(r.event)
+        except ValidationError:
+            continue  # it still gets a forecast: waiting for quota, no start
+        held.append(job_request(ev.spec, job_id=r.job_id, queue=r.queue, tenant=r.tenant, user=ev.user,
+                                submitted_at=ev.submitted_at, attempt=1))
+    configs = {r.name: r.config for r in await conn.execute(_QUEUES)}
+    return Queued(who, held, tree_of(configs))
 
 
 @dataclass

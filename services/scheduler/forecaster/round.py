@@ -20,7 +20,8 @@ from scheduling import JobRequest, Scheduler, SchedulerConfig, Snapshot
 from scheduling.estimates import DurationHistory, Spread
 from scheduling.forecast import JobForecast as CoreForecast
 from scheduling.forecast import forecast
-from services.scheduler.forecaster.load import Waiting, gpu_key
+from services.scheduler.forecaster.load import Queued, Waiting, gpu_key
+from services.scheduler.forecaster.quota import admit_rule
 from shared.events import JobForecast, WaitReason, from_pending
 
 
@@ -29,8 +30,10 @@ def _done(job: JobRequest) -> float:
     return job.attained_service_s / g if g else 0.0
 
 
-def spreads(snap: Snapshot, history: DurationHistory) -> tuple[dict[str, Spread], dict[str, Spread]]:
-    """Running jobs' time left and waiting jobs' run time, as the history knows them."""
+def spreads(snap: Snapshot, history: DurationHistory, held: Iterable[JobRequest] = ()
+            ) -> tuple[dict[str, Spread], dict[str, Spread]]:
+    """Running jobs' time left and waiting jobs' run time (held ones' too), as the
+    history knows them."""
     remaining: dict[str, Spread] = {}
     for r in snap.running:
         job = r.job
@@ -38,7 +41,7 @@ def spreads(snap: Snapshot, history: DurationHistory) -> tuple[dict[str, Spread]
         if s is not None:
             remaining[job.job_id] = s
     durations: dict[str, Spread] = {}
-    for job in snap.pending:
+    for job in (*snap.pending, *held):
         s = history.spread(job.tenant, gpu_key(job), _done(job), point=job.runtime_estimate_s)
         if s is not None:
             durations[job.job_id] = s
@@ -55,19 +58,25 @@ def _event(f: CoreForecast, who: Waiting, as_of: float, waits_for: str | None,
 
 def forecast_round(config: SchedulerConfig, snap: Snapshot, who: Mapping[str, Waiting],
                    history: DurationHistory, *, resolution: float = 0.02,
-                   queued: Mapping[str, Waiting] | None = None) -> dict[str, JobForecast]:
-    """Every waiting job's forecast; jobs in ``queued`` (waiting for quota, not the
-    scheduler's yet) get one with reason ``quota`` and no start."""
+                   queued: Queued | None = None) -> dict[str, JobForecast]:
+    """Every waiting job's forecast, jobs queueing holds for quota (``queued``) included:
+    the replay admits them when their queue's quota would (``quota.admit_rule``); their
+    reason is ``quota``. One whose spec could not be read gets no start."""
     out: dict[str, JobForecast] = {}
-    if snap.pending:
-        remaining, durations = spreads(snap, history)
+    held = [j for j in queued.held if j.job_id not in who] if queued else []
+    if snap.pending or held:
+        remaining, durations = spreads(snap, history, held)
         plan = Scheduler(config).schedule(snap)
-        for job_id, f in forecast(config, snap, remaining, durations, resolution=resolution).items():
+        for job_id, f in forecast(config, snap, remaining, durations, resolution=resolution, held=held,
+                                  admit=admit_rule(queued.tree) if queued else None).items():
+            if queued is not None and job_id in queued.who and job_id not in who:
+                out[job_id] = _event(f, queued.who[job_id], snap.now, None, WaitReason.QUOTA)
+                continue
             reason = plan.pending.get(job_id)
             out[job_id] = _event(f, who.get(job_id, Waiting("", "")), snap.now,
                                  plan.blocked_by.get(job_id),
                                  from_pending(reason.value) if reason is not None else None)
-    for job_id, w in (queued or {}).items():
+    for job_id, w in (queued.who if queued else {}).items():
         if job_id not in out:
             out[job_id] = JobForecast(job_id=job_id, queue=w.queue, tenant=w.tenant,
                                       as_of=snap.now, reason=WaitReason.QUOTA)
@@ -75,24 +84,36 @@ def forecast_round(config: SchedulerConfig, snap: Snapshot, who: Mapping[str, Wa
 
 
 def what_if(config: SchedulerConfig, snap: Snapshot, history: DurationHistory,
-            candidates: Iterable[JobRequest], *, resolution: float = 0.02) -> list[JobForecast]:
-    """Each candidate alone: the snapshot with it added as a new waiting job (submitted
-    now, after every job already waiting), replayed until it starts. Candidates do not
-    compete with one another."""
-    remaining, durations = spreads(snap, history)
+            candidates: Iterable[JobRequest], *, resolution: float = 0.02,
+            queued: Queued | None = None) -> list[JobForecast]:
+    """Each candidate alone: the snapshot with it added as a new job (submitted now,
+    after every job already waiting), replayed until it starts. Candidates do not
+    compete with one another. With ``queued``, a candidate waits for its queue's quota
+    as a submitted job would, behind the jobs already held for theirs."""
+    pending = {j.job_id for j in snap.pending}
+    held = [j for j in queued.held if j.job_id not in pending] if queued else []
+    remaining, durations = spreads(snap, history, held)
+    rule = admit_rule(queued.tree) if queued else None
+    admitted_now = [*(r.job for r in snap.running), *snap.pending]
     out = []
     for cand in candidates:
         cand = replace(cand, submit_time=snap.now)
-        if cand.job_id in {j.job_id for j in snap.pending}:
+        if cand.job_id in pending or cand.job_id in {j.job_id for j in held}:
             raise ValueError(f"job id {cand.job_id} is already waiting")
-        alone = replace(snap, pending=(*snap.pending, cand))
         s = history.spread(cand.tenant, gpu_key(cand), 0.0, point=cand.runtime_estimate_s)
         times = {**durations, cand.job_id: s} if s is not None else durations
+        who = Waiting(cand.queue, cand.tenant)
+        if rule is not None and cand.job_id not in rule(admitted_now, [*held, cand]):
+            # its quota holds it now: queueing's rule admits it in the replay
+            f = forecast(config, snap, remaining, times, targets=[cand.job_id], resolution=resolution,
+                         held=[*held, cand], admit=rule)[cand.job_id]
+            out.append(_event(f, who, snap.now, f"quota of queue {cand.queue}", WaitReason.QUOTA))
+            continue
+        alone = replace(snap, pending=(*snap.pending, cand))
         plan = Scheduler(config).schedule(alone)
-        f = forecast(config, alone, remaining, times, targets=[cand.job_id],
-                     resolution=resolution)[cand.job_id]
+        f = forecast(config, alone, remaining, times, targets=[cand.job_id], resolution=resolution,
+                     held=held, admit=rule)[cand.job_id]
         reason = plan.pending.get(cand.job_id)
-        out.append(_event(f, Waiting(cand.queue, cand.tenant), snap.now,
-                          plan.blocked_by.get(cand.job_id),
+        out.append(_event(f, who, snap.now, plan.blocked_by.get(cand.job_id),
                           from_pending(reason.value) if reason is not None else None))
     return out

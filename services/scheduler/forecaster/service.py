@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from scheduling import SchedulerConfig, Snapshot
-from services.scheduler.forecaster.load import RowReader, read_queued, snapshot_of
+from services.scheduler.forecaster.load import Queued, RowReader, read_queued, snapshot_of
 from services.scheduler.forecaster.publish import Publisher
 from services.scheduler.forecaster.round import forecast_round, what_if
 from services.scheduler.forecaster.settings import ForecasterSettings
@@ -79,6 +79,7 @@ class Forecaster:
         self.publisher = Publisher(settings.forecast_move_ratio, settings.forecast_move_s,
                                    settings.forecast_refresh_s)
         self.snapshot: Snapshot | None = None
+        self.queued: Queued | None = None  # the last round's jobs held for quota
         self.rounds = 0
         self.publishing = True  # main() elects one publisher among replicas
 
@@ -97,7 +98,7 @@ class Forecaster:
             resolution=self.settings.forecast_resolution, queued=queued)
         t2 = time.perf_counter()
         ROUND_SECONDS.labels("forecast").observe(t2 - t1)
-        self.snapshot = snap
+        self.snapshot, self.queued = snap, queued
         WAITING.labels("scheduler").set(len(snap.pending))
         WAITING.labels("quota").set(len(forecasts) - len(snap.pending))
         if not self.publishing:  # a standby: forecasts for its what-ifs, sends nothing
@@ -180,7 +181,7 @@ def create_app(fc: Forecaster, ready: ReadyCheck) -> FastAPI:
         t0 = time.perf_counter()
         try:
             got = await asyncio.to_thread(what_if, fc.config, snap, fc.reader.history, reqs,
-                                          resolution=fc.settings.forecast_resolution)
+                                          resolution=fc.settings.forecast_resolution, queued=fc.queued)
         except ValueError as exc:
             raise HTTPException(422, detail=str(exc)) from exc
         WHAT_IF.observe(time.perf_counter() - t0)

@@ -5,8 +5,8 @@ nodes). Phases alternate off, on, off, on, ... (--pairs of them): before an "off
 is stopped, before an "on" phase it is started again (and has made its first round).
 Every phase runs the same seeded workload, submitted over HTTP at a steady rate, more
 than the cluster holds, so a queue of waiting jobs builds that the forecaster replays
-every round (KAIROS_FORECAST_EVERY_S, 1 s here: five times the default, to make its
-load visible if there is any):
+every round (KAIROS_FORECAST_EVERY_S: --every, default 1 s, five times the service's
+default, to make its load visible if there is any):
     1 GPU (50%), 4 GPUs (30%), 8 GPUs (20%), 5-20 s each (runtimeEstimate = duration).
 After each phase every job of it is cancelled and the cluster drains before the next.
 
@@ -20,7 +20,7 @@ machine's load average, since a shared machine's other work moves these figures.
 on are pooled over their phases each, and the median of the phases' means is given too
 (one disturbed phase moves a pooled mean, not a median).
 
-    python bench/forecaster_overhead.py [--nodes 8] [--rate 3] [--seconds 40] [--pairs 3]
+    python bench/forecaster_overhead.py [--nodes 8] [--rate 3] [--seconds 40] [--pairs 3] [--every 1]
         [--out bench/results/forecaster_overhead.json]
 """
 
@@ -210,11 +210,12 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=3.0)
     ap.add_argument("--seconds", type=float, default=40.0)
     ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--every", type=float, default=1.0, help="seconds between forecast rounds")
     ap.add_argument("--out", default="bench/results/forecaster_overhead.json")
     args = ap.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="kairos-fc-bench-"))
     stack = Stack(workdir=workdir, nodes=args.nodes, gpus_per_node=8, nodes_per_agent=args.nodes,
-                  admission_port=free_port(), env={"KAIROS_FORECAST_EVERY_S": "1"})
+                  admission_port=free_port(), env={"KAIROS_FORECAST_EVERY_S": str(args.every)})
     stack.start()
     phases: list[dict[str, Any]] = []
     try:
@@ -252,7 +253,7 @@ def main() -> None:
     result = {
         "bench": "forecaster_overhead",
         "setup": {"nodes": args.nodes, "gpus_per_node": 8, "rate_per_s": args.rate,
-                  "seconds_per_phase": args.seconds, "forecast_every_s": 1,
+                  "seconds_per_phase": args.seconds, "forecast_every_s": args.every,
                   "forecast_nice": 10, "forecast_max_busy": 0.2, "cpus": os.cpu_count(),
                   "earlier_runs": "forecaster_overhead_first_run.json (before the nice, the "
                                   "node-flap fix and index-only reads), _run2.json (before "

@@ -84,6 +84,8 @@ class JobRun:
     preemptions: int = 0
     lost_work_s: float = 0.0  # GPU-seconds redone
     epoch: int = 0  # invalidates stale finish events
+    queued_at: float = 0.0  # when it last (re)joined the queue
+    requeue_wait_s: float = 0.0  # waits after preemptions (the first wait is first_start - submit)
 
     @property
     def gpus(self) -> int:
@@ -188,7 +190,7 @@ class Simulation:
     def _handle(self, t: float, kind: int, payload: object) -> bool:
         if kind == _ARRIVE:
             tj = cast(TraceJob, payload)
-            new = JobRun(tj, to_request(tj, self.s, self._estimate(tj)), tj.duration_s)
+            new = JobRun(tj, to_request(tj, self.s, self._estimate(tj)), tj.duration_s, queued_at=t)
             self.all.append(new)
             self._queue(new)
             return True
@@ -252,6 +254,7 @@ class Simulation:
         jr.allocs, jr.running = (), None
         del self.runs[jr.trace.job_id]
         self.used -= jr.gpus
+        jr.queued_at = t
         self._queue(jr)
 
     def _queue(self, jr: JobRun) -> None:
@@ -287,6 +290,8 @@ class Simulation:
                                          b.task_name, b.role) for b in binds)
             if jr.first_start is None:
                 jr.first_start = now
+            else:
+                jr.requeue_wait_s += now - jr.queued_at
             jr.start = now
             jr.restore = self.s.restore_s if jr.request.attempt > 1 else 0.0
             jr.running = RunningJob(jr.request, now, None)

@@ -103,14 +103,14 @@ def run(patterns: Sequence[str], policies: Sequence[str], out: Path = OUT, jobs:
         limit: int | None = None, plots: bool = True) -> dict[str, Any]:
     chosen = select(patterns)
     policies = [ALIASES.get(p, p) for p in (policies or POLICIES)]
-    doc: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
+    mine: dict[str, dict[str, Any]] = {}  # this run's records (the file may gain others' meanwhile)
     curves: dict[str, dict[str, dict[str, Any]]] = {}
     todo = [(c, p) for c in chosen for p in policies]
 
     def record(c: Case, p: str, rec: dict[str, Any], curve: dict[str, Any]) -> None:
-        doc.setdefault(c.name, {})[p] = rec
+        mine.setdefault(c.name, {})[p] = rec
         curves.setdefault(c.name, {})[p] = curve
-        _write(doc, out, limit)  # partial results survive a cut-off run
+        _write(mine, out, limit)  # partial results survive a cut-off run
         print(f"{c.name} {p}: avg JCT {rec['avg_jct_s'] / 3600:.2f} h, max wait {rec['max_first_wait_s'] / 3600:.1f} h "
               f"({rec['wall_s']} s)", flush=True)
 
@@ -124,7 +124,7 @@ def run(patterns: Sequence[str], policies: Sequence[str], out: Path = OUT, jobs:
             futures = {pool.submit(run_one, c, p, limit): (c, p) for c, p in todo}
             for f in as_completed(futures):
                 record(*futures[f], *f.result())
-    _write(doc, out, limit)
+    doc = _write(mine, out, limit)
     if plots:
         try:
             plot(doc, curves, out.parent / "plots")
@@ -134,7 +134,11 @@ def run(patterns: Sequence[str], policies: Sequence[str], out: Path = OUT, jobs:
     return doc
 
 
-def _write(doc: dict[str, Any], out: Path, limit: int | None) -> None:
+def _write(mine: dict[str, dict[str, Any]], out: Path, limit: int | None) -> dict[str, Any]:
+    """Merge this run's records into the file as it is now; returns the whole table."""
+    doc: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
+    for case, rows in mine.items():
+        doc.setdefault(case, {}).update(rows)
     doc["protocol"] = {
         "cases": "philly: the whole trace, cycle 300 s, tick 600 s; muri: the whole trace, cycle 60 s, "
                  "tick 1800 s; syn-<law>-<arrivals>-<tenants>t: sim/synthetic.py, 2000 jobs, offered "
@@ -148,6 +152,7 @@ def _write(doc: dict[str, Any], out: Path, limit: int | None) -> None:
     ordered = {c.name: doc[c.name] for c in cases() if c.name in doc} | {k: v for k, v in doc.items()
                                                                          if k not in {c.name for c in cases()}}
     out.write_text(json.dumps(ordered, indent=2) + "\n")
+    return ordered
 
 
 def queues_form(rows: dict[str, Any]) -> bool | None:

@@ -25,6 +25,9 @@ import numpy as np
 
 HISTORY = 30  # finished jobs a point estimate looks back on (Philly 10k, 64x8: 50 -> 7.89 h, 30 -> 7.72 h)
 WINDOW = 200  # finished jobs the quantiles look back on
+# similar jobs' durations a job carries for its Gittins rank: a distribution needs more
+# than a median (Philly 64x8: 30 -> 6.35 h, 200 -> 6.24 h; Muri trace4 8x8: 522 -> 350 h)
+SAMPLES = WINDOW
 MIN_SAMPLES = 5  # fewer similar jobs than this: widen to the next, coarser pool
 Key = tuple[str, int]
 
@@ -71,7 +74,7 @@ class DurationHistory:
         """The durations the estimate is the median of (the same jobs), ascending: what
         the policy's Gittins rank (``gittins_rank``) reads the spread from."""
         xs = self.by_key.get((tenant, gpus)) or self.by_size.get(gpus)
-        return tuple(sorted(xs[-HISTORY:])) if xs else ()
+        return tuple(sorted(xs[-SAMPLES:])) if xs else ()
 
     def mean_gpu_s(self) -> float | None:
         """Mean GPU-seconds of a finished job (the naive forecast's unit of work)."""

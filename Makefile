@@ -58,7 +58,10 @@ bench: $(STAMP) ## end-to-end latency benchmark (writes bench/results/e2e_latenc
 bench-sim: $(STAMP) ## simulator tables + plots: openb fill (7 lists x 10 seeds, ~15 min), Muri, the whole Philly trace (about 30 min on 2 cores)
 	$(BIN)/python bench/sim_openb.py && $(BIN)/python bench/sim_muri.py --workers 2 && $(BIN)/python bench/sim_philly.py
 
+bench-robust: $(STAMP) ## robustness suite: every policy on Philly, Muri and synthetic cases -> bench/results/sim_robust.json (+ plots)
+	$(BIN)/kairos sim suite $(SUITE_ARGS)
+
 clean: ## remove the virtualenv and local state
 	rm -rf $(VENV) .kairos
 
-.PHONY: help install tools run reset demo test test-deploy lint schemas chaos chaos-loaded test-loaded bench bench-sim clean
+.PHONY: help install tools run reset demo test test-deploy lint schemas chaos chaos-loaded test-loaded bench bench-sim bench-robust clean

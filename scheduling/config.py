@@ -81,7 +81,11 @@ DEFAULT_PLUGINS: tuple[PluginSpec, ...] = (
     # its backlog (the whole Philly trace on 64 x 8 with srpt by time: 7.08 h average
     # JCT with three times, 6.29 h with six, 6.31 h with ten; docs/design/simulator.md).
     _spec("priority", aging_per_hour=0.0, starvation_bound_s=14 * 86400.0, backlog_factor=6.0),
-    _spec("srpt", by="time"),
+    # rank "gittins": with the durations of similar finished jobs (runtime_samples), the
+    # inverse Gittins index given what the job ran: SRPT on tight history, least attained
+    # service on dispersed history (Muri trace4 on 8 x 8: 3.0 -> 0.81 x Tiresias' average
+    # JCT; Philly 64 x 8: 6.29 h -> 6.24 h; bench/results/sim_robust.json)
+    _spec("srpt", by="time", rank="gittins"),
     _spec("fairshare"),
     _spec("nodeaffinity"),
     _spec("gpumodel"),

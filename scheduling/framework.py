@@ -169,6 +169,8 @@ class JobPriorities:
     priority: FloatArray  # combined priority, aging included
     starved: BoolArray  # waited past the starvation bound
     starvation_bound_s: float  # this cycle's bound (stretched under overload)
+    running_starved: BoolArray | None = None  # per running job: it starved before it started
+    hold_line: bool = True  # a starved job with no reservation stops every job after it
 
 
 class Cycle:

@@ -204,6 +204,9 @@ class JobRequest:
     priority_class: str = "normal"  # low | normal | high | urgent (values from config)
     user: str = ""
     runtime_estimate_s: float | None = None
+    # durations (s) of similar finished jobs, the history the estimate came from: the
+    # srpt plugin's Gittins rank reads the spread in them (empty: the estimate alone)
+    runtime_samples: tuple[float, ...] = ()
     preemptible: bool = True
     checkpoint_grace_s: float = 30.0  # time the victim gets to checkpoint before it stops
     min_runtime_s: float = 0.0  # no preemption before it has run this long

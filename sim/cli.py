@@ -92,6 +92,32 @@ def compare(
             policies or POLICIES, note=f"first {limit} jobs" if limit else "all jobs")
 
 
+@app.command()
+def suite(
+    case: Annotated[list[str], typer.Option("--case", help="cases by glob (repeat): philly@64x8, 'muri-*', "
+                                                             "'syn-*' (default: every case)")] = [],  # noqa: B006
+    policies: Annotated[list[str], typer.Option("--policy", help=POLICY_HELP)] = [],  # noqa: B006
+    jobs: Annotated[int, typer.Option("--jobs", min=1, help="runs at once, in separate processes")] = 1,
+    limit: Annotated[int | None, typer.Option(help="first N jobs of each case (a quick look)")] = None,
+    out: Annotated[Path, typer.Option(help="results merge into this file")] = Path("bench/results/sim_robust.json"),
+    plots: Annotated[bool, typer.Option(help="plots under the result's folder, plots/")] = True,
+    list_cases: Annotated[bool, typer.Option("--list", help="print the cases and stop")] = False,
+) -> None:
+    """The robustness suite: every policy on the whole Philly trace (64/80/96 x 8), the
+    Muri traces and synthetic families; prints Kairos/Tiresias and the longest waits
+    against FIFO, with the geometric mean where queues form."""
+    from sim import suite as st
+
+    try:
+        chosen = st.select(case)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--case") from e
+    if list_cases:
+        typer.echo("\n".join(c.name for c in chosen))
+        return
+    st.run(case, policies, out, jobs, limit, plots)
+
+
 def load_jobs(trace: str, limit: int | None, time_unit: TimeUnit | None = None):  # type: ignore[no-untyped-def]
     """The trace's jobs; a file that cannot be read right (missing columns, times that
     look like another unit) is a bad TRACE argument with the loader's message. A

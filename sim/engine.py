@@ -11,7 +11,8 @@ Fixed rules (stated in every result, ``SimSettings.rules()``):
   simulated time (the core takes the whole pending set each cycle);
 - what each policy knows: ``estimates="oracle"`` gives the true duration (SJF bound),
   ``"history"`` the median duration of the tenant's earlier finished jobs of the same
-  size (submit-time knowledge, ``scheduling.estimates.DurationHistory``), ``"none"`` nothing.
+  size and those durations (submit-time knowledge, ``scheduling.estimates.DurationHistory``),
+  ``"none"`` nothing.
 
 Identity contract with the core: the ``nodes`` tuple is kept while the inventory is
 unchanged; Allocation, JobRequest and RunningJob objects are reused across cycles.
@@ -84,6 +85,8 @@ class JobRun:
     preemptions: int = 0
     lost_work_s: float = 0.0  # GPU-seconds redone
     epoch: int = 0  # invalidates stale finish events
+    queued_at: float = 0.0  # when it last (re)joined the queue
+    requeue_wait_s: float = 0.0  # waits after preemptions (the first wait is first_start - submit)
 
     @property
     def gpus(self) -> int:
@@ -100,13 +103,14 @@ class SimResult:
     settings: SimSettings = field(default_factory=SimSettings)
 
 
-def to_request(t: TraceJob, s: SimSettings, estimate: float | None) -> JobRequest:
+def to_request(t: TraceJob, s: SimSettings, estimate: float | None,
+               samples: tuple[float, ...] = ()) -> JobRequest:
     per = min(t.num_gpus, s.gpus_per_task)
     replicas = -(-t.num_gpus // per)
     task = TaskRequest("w", "worker", replicas, gpu=per, cpu_milli=per * s.cpu_per_gpu_milli,
                        memory_mib=per * s.mem_per_gpu_mib)
     return JobRequest(t.job_id, (task,), tenant=t.tenant, queue=t.tenant, submit_time=t.submit_s,
-                      runtime_estimate_s=estimate)
+                      runtime_estimate_s=estimate, runtime_samples=samples)
 
 
 class Simulation:
@@ -188,7 +192,8 @@ class Simulation:
     def _handle(self, t: float, kind: int, payload: object) -> bool:
         if kind == _ARRIVE:
             tj = cast(TraceJob, payload)
-            new = JobRun(tj, to_request(tj, self.s, self._estimate(tj)), tj.duration_s)
+            samples = self.history.samples(tj.tenant, tj.num_gpus) if self.s.estimates == "history" else ()
+            new = JobRun(tj, to_request(tj, self.s, self._estimate(tj), samples), tj.duration_s, queued_at=t)
             self.all.append(new)
             self._queue(new)
             return True
@@ -252,6 +257,7 @@ class Simulation:
         jr.allocs, jr.running = (), None
         del self.runs[jr.trace.job_id]
         self.used -= jr.gpus
+        jr.queued_at = t
         self._queue(jr)
 
     def _queue(self, jr: JobRun) -> None:
@@ -287,6 +293,8 @@ class Simulation:
                                          b.task_name, b.role) for b in binds)
             if jr.first_start is None:
                 jr.first_start = now
+            else:
+                jr.requeue_wait_s += now - jr.queued_at
             jr.start = now
             jr.restore = self.s.restore_s if jr.request.attempt > 1 else 0.0
             jr.running = RunningJob(jr.request, now, None)

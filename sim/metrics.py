@@ -4,7 +4,8 @@ JCT (avg, median, p99), JCT / duration (1.0 is the physical limit), queueing del
 makespan, GPU allocation over time (and its mean as a ratio of capacity), fairness
 (Jain's index over tenants' mean slowdown; Themis' finish-time fairness rho = JCT /
 the JCT the job would get alone on a 1/N share of the cluster, N = tenants), preemptions
-and lost GPU-seconds.
+and lost GPU-seconds; waits: before the first start, and in total (the first wait plus
+every wait in the queue again after a preemption).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def summarize(res: SimResult) -> dict[str, Any]:
     jct = np.asarray([j.finish - j.trace.submit_s for j in fin])  # type: ignore[operator]
     dur = np.asarray([j.trace.duration_s for j in fin])
     queue = np.asarray([j.first_start - j.trace.submit_s for j in fin])  # type: ignore[operator]
+    total_wait = queue + np.asarray([j.requeue_wait_s for j in fin]) if fin else np.zeros(0)
     slow = jct / np.maximum(dur, 1e-9) if fin else np.zeros(0)
     tenants = sorted({j.trace.tenant for j in fin})
     n_t = max(len(tenants), 1)
@@ -58,6 +60,11 @@ def summarize(res: SimResult) -> dict[str, Any]:
         "median_jct_over_duration": round(_pct(slow, 50), 3),
         "avg_queue_s": round(float(queue.mean()), 1) if fin else None,
         "p99_queue_s": round(_pct(queue, 99), 1), "max_queue_s": round(float(queue.max()), 1) if fin else None,
+        # both wait measures: before the first start, and that plus every wait after a preemption
+        "max_first_wait_s": round(float(queue.max()), 1) if fin else None,
+        "max_total_wait_s": round(float(total_wait.max()), 1) if fin else None,
+        "avg_total_wait_s": round(float(total_wait.mean()), 1) if fin else None,
+        "avg_duration_s": round(float(dur.mean()), 1) if fin else None,
         "makespan_s": round(float(makespan), 1),
         "gpu_allocation_ratio": round(alloc_ratio, 4), "allocated_gpu_s": round(gpu_s, 1),
         "jain_index_tenant_slowdown": round(jain(by_tenant_slow), 4),

@@ -45,7 +45,7 @@ class Allocate(Action):
             pos += 1
             if reason is not None:
                 pend[info.job.job_id] = reason
-                if reason in CAPACITY and info.starved and not any(
+                if reason in CAPACITY and info.starved and prios is not None and prios.hold_line and not any(
                         r.job_id == info.job.job_id for r in s.plan.reservations):
                     # A starved job without a reservation (no backfill, or no estimate tells
                     # when it could start) holds the line: nothing after it starts.

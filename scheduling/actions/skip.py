@@ -73,7 +73,7 @@ class BulkSkip:
                 if refused is not None:
                     break
             reason = pend[ids[start + j]] = refused or reasons[code[j]]
-            if reason in CAPACITY and info.starved:
+            if reason in CAPACITY and info.starved and prios is not None and prios.hold_line:
                 pend.update(dict.fromkeys(ids[start + j + 1:], PendingReason.PRIORITY))
                 s.plan.blocked_by.update(dict.fromkeys(ids[start + j + 1:], info.job.job_id))
                 return len(ordered)
@@ -90,7 +90,8 @@ class BulkSkip:
             shapes, _, inverse = jc.groups(c[jc.SHAPE][order].astype(np.int64))
             _, pfirst, pinverse = jc.groups(c[jc.PSHAPE][order].astype(np.int64))
             self.arrays = (shapes, inverse, pfirst, pinverse, c[jc.ESTIMATE][order],
-                           prios.starved[order] if prios is not None else np.zeros(len(order), dtype=bool))
+                           prios.starved[order] if prios is not None and prios.hold_line
+                           else np.zeros(len(order), dtype=bool))  # (only those that hold the line)
         shapes, inverse, pfirst, pinverse, est, starved = self.arrays
         soft = ~(est + s.cycle.now <= s.shadow) if s.any_soft else np.zeros(len(est), dtype=bool)
         sides = soft.astype(np.int64)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from scheduling import jobcols as jc
 from scheduling.arrays import BoolArray, FloatArray
+from scheduling.estimates import gittins_rank, mean_left
 from scheduling.framework import Cycle, JobInfo, JobPriorities, Plugin, register
 from scheduling.model import JobRequest, PreemptReason, TaskRequest
 
@@ -33,6 +34,11 @@ class PriorityArgs(BaseModel):
     starvation_bound_s: float = Field(4 * 3600.0, gt=0, description="wait after which a job goes first")
     backlog_factor: float = Field(0.0, ge=0, description=">0: under overload the bound stretches to this "
                                   "many times the time the cluster needs to clear its backlog")
+    fifo_ahead: float = Field(0.0, ge=0, description=">0: a job is also starved once it has waited this "
+                              "many times the time the cluster needs for the work submitted before it "
+                              "and still queued or running (what FIFO would still make it wait)")
+    hold_line: bool = Field(True, description="a starved job that cannot start and has no reservation "
+                            "stops every job after it (false: later jobs that fit still start, as in FIFO)")
     parallelism_weight: float = Field(0.0, description="points per log2(1 + GPUs); <0 favours small")
     role_order: list[str] = Field(
         default_factory=lambda: ["chief", "master", "ps", "scheduler", "worker", "evaluator"]
@@ -49,6 +55,45 @@ def waited(cycle: Cycle) -> FloatArray:
     ran = np.where(c[jc.GPUS] > 0, c[jc.ATTAINED] / np.maximum(c[jc.GPUS], 1e-9), 0.0)
     out: FloatArray = np.maximum(0.0, cycle.now - c[jc.SUBMIT] - ran)
     return out
+
+
+def _mean_left(jobs: Sequence[JobRequest], done: FloatArray, left: FloatArray) -> FloatArray:
+    """``left`` with the mean time left over the job's similar jobs where it has them."""
+    out = left.copy()
+    for i, job in enumerate(jobs):
+        if job.runtime_samples:
+            m = mean_left(job.runtime_samples, float(done[i]))
+            if m is not None:
+                out[i] = max(m, 1.0)
+    return out
+
+
+def fifo_ahead(cycle: Cycle, jobs: Sequence[JobInfo]) -> tuple[FloatArray, FloatArray | None]:
+    """Seconds the whole cluster needs for the expected work (GPU-seconds left: the mean
+    over similar jobs where the job has them, else the estimate's rule) of the
+    jobs submitted before each pending job, and before each running job, that are still
+    queued or running: FIFO would still make the job wait about that long. Waiting past
+    it, a job has waited as long as FIFO would make it wait from now on: it goes first,
+    in arrival order, and no later job's priority keeps it out (the no-starvation rule)."""
+    c = cycle.cols
+    gpus = c[jc.GPUS]
+    done = np.where(gpus > 0, c[jc.ATTAINED] / np.maximum(gpus, 1e-9), 0.0)
+    subs = [c[jc.SUBMIT]]
+    works = [_mean_left([i.job for i in jobs], done, expected_left(c[jc.ESTIMATE], done, UNKNOWN_S, 1.0)) * gpus]
+    if cycle.running:
+        rt = cycle.runs()
+        ran = (cycle.now - rt.start) + np.where(rt.gpus > 0, rt.attained / np.maximum(rt.gpus, 1e-9), 0.0)
+        est = np.where(np.isinf(rt.estimate), np.nan, rt.estimate)
+        subs.append(cycle.run_cols[11])
+        left = _mean_left([r.job for r in cycle.running], ran, expected_left(est, ran, UNKNOWN_S, 1.0))
+        works.append(left * rt.gpus)
+    sub, work = np.concatenate(subs), np.concatenate(works)
+    order = np.argsort(sub, kind="stable")
+    before = np.concatenate([[0.0], np.cumsum(work[order])])  # work of the first i jobs by submit time
+    # strictly earlier submits (ties: none is ahead of the other)
+    ahead = before[np.searchsorted(sub[order], sub, side="left")] / cycle.capacity.gpu
+    n = c.shape[1]
+    return ahead[:n], (ahead[n:] if cycle.running else None)
 
 
 @dataclass(slots=True)
@@ -107,7 +152,13 @@ class Priority(Plugin):
         prio = c[jc.STATIC] + a.aging_per_hour * wait / 3600.0 + a.parallelism_weight * np.log2(1.0 + c[jc.GPUS])
         bound = self.bound(cycle, float(wait.max(initial=0.0)))
         starved = wait >= bound
-        cycle.put(JobPriorities(prio, starved, bound))  # the allocate action copies them to JobInfo
+        run_starved = None
+        if a.fifo_ahead > 0 and cycle.capacity.gpu > 0:
+            ahead, run_ahead = fifo_ahead(cycle, jobs)
+            starved |= wait >= a.fifo_ahead * ahead
+            if run_ahead is not None:
+                run_starved = cycle.runs().waited >= np.minimum(bound, a.fifo_ahead * run_ahead)
+        cycle.put(JobPriorities(prio, starved, bound, run_starved, a.hold_line))  # the allocate action copies them to JobInfo
         # starved jobs go oldest first, the rest by combined priority
         return [np.where(starved, 0.0, 1.0), np.where(starved, submit, -prio)]
 
@@ -195,6 +246,9 @@ class SrptArgs(BaseModel):
     overrun: float = Field(1.0, ge=0, description="a job past its estimate is expected to run this "
                            "many times as long again")
     aging_s: float = Field(0.0, ge=0, description=">0: response-ratio aging, key / (1 + wait / aging_s)")
+    rank: Literal["estimate", "gittins"] = Field("estimate", description="gittins: jobs with similar jobs' "
+                                                 "durations (runtime_samples) rank by the inverse Gittins "
+                                                 "index given what they ran; the rest by the estimate")
     preempt: bool = True
     preempt_ratio: float = Field(4.0, ge=1, description="a victim must have this many times more "
                                  "expected service left than the preemptor")
@@ -213,7 +267,7 @@ def expected_left(est: FloatArray, done: FloatArray, unknown_s: float, overrun: 
 class _SrptVictims:
     """Srpt's preemption memo for one cycle: the same for every preemptor."""
 
-    theirs: FloatArray | None = None  # each running job's expected service left
+    theirs: FloatArray | None = None  # each running job's expected service left (or Gittins rank)
     fresh: BoolArray | None = None  # each running job did not starve before it started
 
 
@@ -227,14 +281,41 @@ class Srpt(Plugin):
     Args = SrptArgs
     args: SrptArgs
 
+    def __init__(self, args: BaseModel, weight: float = 1.0) -> None:
+        super().__init__(args, weight)
+        self._ranks: dict[int, tuple[JobRequest, float]] = {}  # a pending request's Gittins rank
+
     def _service(self, left: FloatArray, gpus: FloatArray) -> FloatArray:
         return left * np.maximum(gpus, 1e-3) if self.args.by == "gpu_time" else left
+
+    def _gittins(self, jobs: Sequence[JobInfo], left: FloatArray) -> FloatArray:
+        """``left`` with the Gittins rank where the job's samples give one; a pending
+        request's rank never changes (its attained service is fixed while it waits)."""
+        memo = self._ranks
+        if len(memo) > 4 * len(jobs) + 1024:
+            memo.clear()
+        out = left.copy()
+        for i, info in enumerate(jobs):
+            job = info.job
+            if not job.runtime_samples:
+                continue
+            hit = memo.get(id(job))
+            if hit is None or hit[0] is not job:
+                done = job.attained_service_s / info.gpus if info.gpus else 0.0
+                g = gittins_rank(job.runtime_samples, done)
+                hit = memo[id(job)] = (job, math.nan if g is None else g)
+            if not math.isnan(hit[1]):
+                out[i] = hit[1]
+        return out
 
     def order_keys(self, cycle: Cycle, jobs: Sequence[JobInfo]) -> list[FloatArray]:
         a, c = self.args, cycle.cols
         gpus = c[jc.GPUS]
         done = np.where(gpus > 0, c[jc.ATTAINED] / np.maximum(gpus, 1e-9), 0.0)
-        key = self._service(expected_left(c[jc.ESTIMATE], done, a.unknown_s, a.overrun), gpus)
+        left = expected_left(c[jc.ESTIMATE], done, a.unknown_s, a.overrun)
+        if a.rank == "gittins":
+            left = self._gittins(jobs, left)
+        key = self._service(left, gpus)
         if a.aging_s > 0:
             key = key / (1.0 + waited(cycle) / a.aging_s)
         return [key]
@@ -249,11 +330,19 @@ class Srpt(Plugin):
         if theirs is None:
             rt = cycle.runs()
             done = (cycle.now - rt.start) + np.where(rt.gpus > 0, rt.attained / np.maximum(rt.gpus, 1e-9), 0.0)
-            theirs = memo.theirs = self._service(expected_left(
-                np.where(np.isinf(rt.estimate), np.nan, rt.estimate), done, a.unknown_s, a.overrun), rt.gpus)
+            left_run = expected_left(np.where(np.isinf(rt.estimate), np.nan, rt.estimate), done, a.unknown_s,
+                                     a.overrun)
+            if a.rank == "gittins":
+                for i, r in enumerate(cycle.running):
+                    g = gittins_rank(r.job.runtime_samples, float(done[i])) if r.job.runtime_samples else None
+                    if g is not None:
+                        left_run[i] = g
+            theirs = memo.theirs = self._service(left_run, rt.gpus)
         est: float = info.job.runtime_estimate_s  # known: checked above
         ran = info.job.attained_service_s / info.gpus if info.gpus else 0.0
         left = est - ran if ran < est else max(a.overrun * ran, 1.0)  # expected_left, of one job
+        g = gittins_rank(info.job.runtime_samples, ran) if a.rank == "gittins" and info.job.runtime_samples else None
+        left = left if g is None else g
         mine = left * max(info.gpus, 1e-3) if a.by == "gpu_time" else left
         ok = theirs > a.preempt_ratio * mine
         prios = cycle.get(JobPriorities)
@@ -261,7 +350,8 @@ class Srpt(Plugin):
             # a job that starved before it started is not stopped for shorter work: it would
             # queue again, starve again and go first again, round and round
             if memo.fresh is None:
-                memo.fresh = cycle.runs().waited < prios.starvation_bound_s
+                memo.fresh = (~prios.running_starved if prios.running_starved is not None
+                              else cycle.runs().waited < prios.starvation_bound_s)
             ok &= memo.fresh
         return [(ok, PreemptReason.SRTF)]
 

@@ -115,3 +115,31 @@ def test_backlog_bound_counts_running_work() -> None:
     assert [j.job_id for j in w.scheduler.order(w.snapshot())] == ["u", "old"]
     w.finish("r")
     assert [j.job_id for j in w.scheduler.order(w.snapshot())] == ["old", "u"]
+
+
+def _ahead_order(now: float, fifo_ahead: float) -> list[str]:
+    """'old' (low class, submitted at 0) has 1 h of work of the one 8-GPU node before
+    it ('first', submitted earlier, still queued); 'u' (urgent) came last."""
+    jobs = [job("first").klass("low").gpus(8).submit(-1).estimate(3600),
+            job("old").klass("low").gpus(8).submit(0).estimate(3600),
+            job("u").klass("urgent").gpus(8).submit(now - 1).estimate(3600)]
+    return [j.job_id for j in order(jobs, now, starvation_bound_s=1e9, fifo_ahead=fifo_ahead)]
+
+
+def test_fifo_ahead_promotes_a_job_that_waited_as_long_as_the_work_before_it() -> None:
+    # at 30 min 'old' has waited less than the 1 h of work submitted before it: class order
+    # after 'first', which has nothing before it
+    assert _ahead_order(1800, fifo_ahead=1.0) == ["first", "u", "old"]
+    # at 2 h both low jobs waited longer than the work still before them: arrival order first
+    assert _ahead_order(7200, fifo_ahead=1.0) == ["first", "old", "u"]
+    assert _ahead_order(7200, fifo_ahead=0.0) == ["u", "first", "old"]  # off
+
+
+def test_a_starved_job_lets_later_jobs_that_fit_start_without_hold_line() -> None:
+    w = World(cluster(1), Scheduler(config("gang", ("priority", {"starvation_bound_s": 60.0, "hold_line": False}),
+                                           "binpack")), now=100)
+    w.start(job("r").gpus(4), n0=[0, 1, 2, 3])
+    w.submit(job("big").gpus(8).submit(0), job("small").gpus(1).submit(90))
+    plan = w.step()
+    assert bound(plan) == {"small": ["n0"]}
+    assert plan.pending == {"big": PendingReason.NO_FIT}

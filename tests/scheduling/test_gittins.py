@@ -1,0 +1,46 @@
+"""The Gittins rank (scheduling.estimates.gittins_rank): SRPT on tight history, least
+attained service on dispersed history."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduling.estimates import DurationHistory, gittins_rank
+
+
+def test_tight_history_ranks_by_time_left() -> None:
+    assert gittins_rank([600.0] * 10, 0.0) == pytest.approx(600.0)
+    assert gittins_rank([600.0] * 10, 200.0) == pytest.approx(400.0)
+
+
+def test_outliving_every_sample_gives_none() -> None:
+    assert gittins_rank([100.0, 200.0], 250.0) is None
+
+
+def test_a_job_past_the_short_mode_ranks_behind_a_fresh_one() -> None:
+    # 90% take 60 s, 10% take 10 h: fresh, a job likely ends within a minute; once past
+    # the minute it is one of the long ones (SRPT on the median would call it nearly done)
+    samples = [60.0] * 9 + [36_000.0]
+    fresh, past = gittins_rank(samples, 0.0), gittins_rank(samples, 120.0)
+    assert fresh is not None and past is not None
+    assert fresh < 120.0
+    assert past == pytest.approx(36_000.0 - 120.0)
+
+
+def test_dispersed_history_does_not_rank_by_the_median() -> None:
+    # half short, half very long: the median (anything between) says little; the rank
+    # is the expected service per chance of finishing, far below the mean
+    samples = [100.0] * 5 + [100_000.0] * 5
+    g = gittins_rank(samples, 0.0)
+    assert g == pytest.approx(200.0)  # E[min(X, 100)] / P(X <= 100) = 100 / 0.5
+
+
+def test_history_samples_are_the_estimates_jobs() -> None:
+    h = DurationHistory()
+    for d in (30.0, 10.0, 20.0):
+        h.learn("a", 1, d)
+    h.learn("b", 1, 99.0)
+    assert h.samples("a", 1) == (10.0, 20.0, 30.0)
+    assert h.estimate("a", 1) == 20.0
+    assert h.samples("c", 1) == (10.0, 20.0, 30.0, 99.0)  # no such tenant: every job of that size
+    assert h.samples("a", 4) == ()

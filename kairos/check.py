@@ -9,7 +9,9 @@ invariant with what proves it:
   reported ``running`` or ``succeeded`` after the job had moved on to a later attempt,
   or on a node after that node was declared lost (and before it registered again);
 - ``over_capacity``: a GPU whose memory or compute was allocated beyond its capacity at
-  some moment (allocations from bindings, freed by the task's end or its node's loss);
+  some moment (allocations from bindings, freed by the task's end or its node's loss; a
+  binding resent for an ended task, or sent to a node already declared lost, holds the
+  GPU only once its task runs);
 - ``stale_epoch``: a task started from a binding of a lower epoch than a fence its node
   had already received;
 - ``quota_exceeded``: a queue that borrowed beyond its borrowing limit.
@@ -195,10 +197,15 @@ def _capacity(events: list[tuple[datetime, Any]], report: Report) -> None:
     # A new leader resends the bindings of jobs it loaded as running, and one whose task
     # had ended unbeknown to it is resent too; the agent reports the end again and runs
     # nothing. Such a binding holds the GPU only if the task then runs again.
+    # Likewise a binding to a node already declared lost (the monitor declares it; the
+    # scheduler may bind in the moment before it hears): the scheduler gives the job
+    # back when it hears, and the binding holds the GPU only if its task runs.
     ended: set[tuple[str, str, int]] = set()
     resent: dict[tuple[str, str, int], tuple[str, list[tuple[int, int, int]]]] = {}
+    gone: set[str] = set()  # nodes declared lost and not registered since
     for _, ev in events:
         if isinstance(ev, NodeRegistered):
+            gone.discard(ev.inventory.node_id)
             for g in ev.inventory.gpus:
                 gpus[(ev.inventory.node_id, g.index)] = g.memory_mib
         elif isinstance(ev, Binding) and ev.action in (BindingAction.ALLOCATE,
@@ -206,7 +213,7 @@ def _capacity(events: list[tuple[datetime, Any]], report: Report) -> None:
             for t in ev.tasks:
                 key = (ev.job_id, t.task_id, ev.attempt)
                 grants = [(g.index, g.memory_mib, g.compute_pct) for g in t.gpus]
-                if key in ended:
+                if key in ended or ev.node_id in gone:
                     resent[key] = (ev.node_id, grants)
                 else:
                     take(key, ev.node_id, grants)
@@ -221,6 +228,7 @@ def _capacity(events: list[tuple[datetime, Any]], report: Report) -> None:
             ended.discard(key)
             take(key, *resent.pop(key))
         elif isinstance(ev, NodeLost):
+            gone.add(ev.node_id)
             for key in [k for k, (n, _) in held.items() if n == ev.node_id]:
                 free(key)
 

@@ -67,7 +67,8 @@ class AdmissionSettings(CommonSettings):
     # empty: none, a dry run answers without a forecast. 8005 is its default port
     forecaster_url: str = "http://127.0.0.1:8005"
     # a dry run waits this long for the forecast, then answers without one
-    forecaster_timeout_s: float = Field(default=2.0, gt=0, le=60)
+    # a replay of a large cluster takes seconds; the wait is async (no worker is held)
+    forecaster_timeout_s: float = Field(default=10.0, gt=0, le=60)
 
 
 class LogProxySettings(BaseSettings):

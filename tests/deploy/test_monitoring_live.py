@@ -263,4 +263,4 @@ def test_every_target_is_scraped(live: tuple[Stack, Prometheus, float]) -> None:
     assert alive <= up, alive - up
     assert {t["labels"]["job"] for t in targets} == {
         "kairos-admission", "kairos-queueing", "kairos-scheduler", "kairos-monitor",
-        "kairos-node-agent"}
+        "kairos-node-agent", "kairos-forecaster"}

@@ -28,7 +28,7 @@ def spec(name: str) -> dict[str, Any]:
             "tasks": [{"name": "w", "resources": {"gpu": 8}}]}
 
 
-def until(what: str, check: Callable[[], bool], timeout_s: float = 60) -> None:
+def until(what: str, check: Callable[[], bool], timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
         if time.monotonic() > deadline:

@@ -111,6 +111,19 @@ def test_a_binding_resent_for_a_task_that_had_ended_holds_nothing_unless_it_runs
     assert kinds(ran_again, {}) == ["over_capacity"]
 
 
+def test_a_binding_to_a_node_already_declared_lost_holds_nothing_unless_it_runs() -> None:
+    """The monitor declares n1 lost; the scheduler, before it hears, binds A there (seen
+    in the partition chaos slice), then gives A back. Once n1 registers again, B may have
+    the GPU. Had A's task run there, the GPU is given twice."""
+    lost = NodeLost(node_id="n1", last_seen=T0)
+    given_back = history(node("n1"), lost, bind("A", 1, "n1", 0), node("n1"),
+                         bind("B", 1, "n1", 0), task("B", JobState.RUNNING))
+    assert kinds(given_back, {}) == []
+    ran = history(node("n1"), lost, bind("A", 1, "n1", 0), node("n1"),
+                  task("A", JobState.RUNNING), bind("B", 1, "n1", 0))
+    assert kinds(ran, {}) == ["over_capacity"]
+
+
 def test_a_task_started_from_a_fenced_off_epoch_is_reported() -> None:
     fence = Binding(binding_id="fence-n1-e2", action=BindingAction.FENCE, node_id="n1",
                     epoch=2, job_id="")

@@ -6,6 +6,7 @@ forecaster's what-if answers; and killed and started again, it forecasts anew.""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -74,8 +75,11 @@ def test_every_waiting_job_gets_a_forecast_and_a_restarted_forecaster_forecasts_
         running = [j for j in jobs().values() if j["state"] not in WAITING]
         assert all(j["forecast"] is None for j in running)  # dropped once placed
 
-        first = waiting[0]["id"]
-        assert "Expected start: in about" in cli(stack, "describe", first)
+        # the last to start; its start may have come due already (the session's earlier
+        # jobs can run past their estimates): "now" then, else "in about ..."
+        last = max(waiting, key=lambda j: j["forecast"]["start"])["id"]
+        out = cli(stack, "describe", last)
+        assert re.search(r"Expected start: (in about \d|now)", out), out
         listed = cli(stack, "jobs", "--start")
         assert all(j["id"] in listed for j in waiting)
 
@@ -93,8 +97,8 @@ def test_every_waiting_job_gets_a_forecast_and_a_restarted_forecaster_forecasts_
         assert r.status_code == 200, r.text
         dry = r.json()
         assert dry["forecast_unavailable"] is None, dry
-        assert dry["forecast"]["nodes"] and dry["forecast"]["in_seconds"] > 0
-        assert "would start in about" in dry["summary"]
+        assert dry["forecast"]["nodes"] and dry["forecast"]["in_seconds"] >= 0
+        assert re.search(r"would start (in about \d|now)", dry["summary"]), dry["summary"]
         assert "fc-dry" not in _names(c)
         spec_file = tmp_path / "dry.json"
         spec_file.write_text(json.dumps(spec("fc-whatif")))

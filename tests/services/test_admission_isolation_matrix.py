@@ -98,6 +98,10 @@ CASES: dict[tuple[str, str], Case] = {
     ("DELETE", "/v1/arrays/{array_id}"): Case(
         "/v1/arrays/{array}", {"owner": 202, "other": 404, "admin": 202},
         detail={"other": "no array {array}"}),
+    # every role lists its own tenant's waiting jobs with forecasts (the world's job has
+    # none: no forecaster runs here; test_admission_forecasts shows a tenant sees only
+    # its own and is refused another's)
+    ("GET", "/v1/forecasts"): Case("/v1/forecasts", dict.fromkeys(ROLES, 200)),
     ("GET", "/v1/nodes"): Case("/v1/nodes", dict.fromkeys(ROLES, 200), hidden="{job}"),
     ("POST", "/v1/nodes/{node_id}/cordon"): Case(
         "/v1/nodes/n-cordon/cordon", users(202), detail=ADMIN_DETAIL),

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from scheduling import JobRequest, Scheduler, SchedulerConfig
 from scheduling.estimates import DurationHistory
@@ -138,6 +138,13 @@ async def test_durations_are_learnt_from_succeeded_rows(engine: AsyncEngine, db_
     assert out["a5"].finish == pytest.approx(now + 240)
 
 
+async def research_queue(conn: AsyncConnection) -> None:
+    """Queue research of tenant lab, which may hold 8 GPUs (as queueing stores it)."""
+    await conn.execute(text("INSERT INTO queues (name, config, source) VALUES"
+                            " ('research', CAST(:c AS jsonb), 'api')"),
+                       {"c": json.dumps({"name": "research", "tenant": "lab", "guaranteed": {"gpus": 8}})})
+
+
 def submitted(job_id: str, gpus: int, estimate: float) -> str:
     """queue_jobs.event: the JobSubmitted queueing stored."""
     spec = parse_job_spec({"name": job_id, "queue": "research", "runtimeEstimate": estimate,
@@ -155,10 +162,7 @@ async def test_jobs_waiting_for_quota_are_admitted_in_the_replay_when_their_quot
     now = time.time()
     await busy_cluster(engine, db_url, now)
     async with engine.begin() as conn:
-        await conn.execute(text("INSERT INTO queues (name, config, source) VALUES"
-                                " ('research', CAST(:c AS jsonb), 'api')"),
-                           {"c": json.dumps({"name": "research", "tenant": "lab",
-                                             "guaranteed": {"gpus": 8}})})
+        await research_queue(conn)
         await conn.execute(text(
             "INSERT INTO queue_jobs (job_id, queue, tenant, state, event) VALUES"
             " ('q1', 'research', 'lab', 'queued', CAST(:e1 AS jsonb)),"
@@ -186,10 +190,7 @@ async def test_a_what_if_waits_for_its_queues_quota_behind_the_jobs_held_for_it(
     now = time.time()
     await busy_cluster(engine, db_url, now)
     async with engine.begin() as conn:
-        await conn.execute(text("INSERT INTO queues (name, config, source) VALUES"
-                                " ('research', CAST(:c AS jsonb), 'api')"),
-                           {"c": json.dumps({"name": "research", "tenant": "lab",
-                                             "guaranteed": {"gpus": 8}})})
+        await research_queue(conn)
         await conn.execute(text("INSERT INTO queue_jobs (job_id, queue, tenant, state, event)"
                                 " VALUES ('q1', 'research', 'lab', 'queued', CAST(:e AS jsonb))"),
                            {"e": submitted("q1", 8, 100)})

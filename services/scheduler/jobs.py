@@ -151,6 +151,7 @@ class Lifecycle:
             self.status(out, job, JobState.RUNNING, Code.STARTED, "all tasks running")
         elif states == {JobState.SUCCEEDED}:
             job.state = JobState.SUCCEEDED
+            self.cluster.succeeded.append(job)  # its duration, learnt at the next cycle
             self.status(out, job, JobState.SUCCEEDED, Code.SUCCEEDED, "all tasks succeeded",
                         exit_code=0)
         elif st.state in (JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED) and \

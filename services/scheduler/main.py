@@ -15,6 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from scheduling import PendingReason, Plan, PreemptReason, ResizeReason, Scheduler, SchedulerConfig
+from services.scheduler.history import JobHistory
 from services.scheduler.model import Output
 from services.scheduler.rows import JobRow, NodeRow, node_from_row, node_row
 from services.scheduler.settings import SchedulerSettings
@@ -85,8 +86,10 @@ class SchedulerService:
 
     SOURCE = "scheduler"
 
-    def __init__(self, rt: ServiceRuntime, engine: AsyncEngine, state: SchedulerState) -> None:
+    def __init__(self, rt: ServiceRuntime, engine: AsyncEngine, state: SchedulerState,
+                 history_first_read: int = 2000) -> None:
         self.rt = rt
+        self.history_first_read = history_first_read  # succeeded jobs the history starts from
         self.engine = engine
         self.state = state
         self.out = Output()
@@ -115,7 +118,10 @@ class SchedulerService:
                     "SELECT node_id, inventory, state, cordon, cordon_generation, cordon_reason"
                     " FROM sched_nodes"))).mappings():
                 self.state.nodes[r["node_id"]] = node_from_row(NodeRow(**r))
-        log.info("state loaded", jobs=len(self.state.jobs), nodes=len(self.state.nodes))
+            if self.state.history is not None:  # a new leader learns what its rows say
+                await self.state.history.load(conn, self.history_first_read)
+        log.info("state loaded", jobs=len(self.state.jobs), nodes=len(self.state.nodes),
+                 durations=len(self.state.history.every) if self.state.history else 0)
 
     async def handle(self, env: Envelope, event: Event) -> None:
         self.state.handle(event, self.out)
@@ -219,7 +225,9 @@ async def main(settings: SchedulerSettings | None = None) -> None:
     epoch = await lease.acquire()
     IS_LEADER.set(1)
     EPOCH.set(epoch)
-    svc = SchedulerService(rt, rt.engine, SchedulerState(epoch, load_placer(settings).schedule))
+    history = JobHistory() if settings.history_estimates else None
+    svc = SchedulerService(rt, rt.engine, SchedulerState(epoch, load_placer(settings).schedule, history),
+                           settings.history_first_read)
     await svc.load()
     await svc.relay.flush()  # what the last leader stored but had not published yet
     svc.state.republish(svc.out)

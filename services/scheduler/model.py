@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduling import GpuUse
+from services.scheduler.history import JobHistory
 from shared.events import (
     Envelope,
     Event,
@@ -122,8 +123,11 @@ class NodeView:
 class Cluster:
     """The nodes and jobs the scheduler holds, shared by every part of its state."""
 
-    def __init__(self, epoch: int) -> None:
+    def __init__(self, epoch: int, history: JobHistory | None = None) -> None:
         self.epoch = epoch
+        # succeeded jobs' durations, for the requests' estimates (None: none from history)
+        self.history = history
+        self.succeeded: list[SchedJob] = []  # since the last cycle, which learns them
         self.nodes: dict[str, NodeView] = {}
         self.jobs: dict[str, SchedJob] = {}
         self.telemetry: dict[str, NodeTelemetry] = {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from shared.config import CommonSettings
 
 
@@ -14,3 +16,10 @@ class SchedulerSettings(CommonSettings):
     # the leader's database session is gone); kube-scheduler's defaults are 15 s / 2 s
     lease_ttl_s: float = 15.0
     lease_renew_s: float = 2.0
+    # a waiting job's estimate (unless its spec gives one) and its Gittins rank's samples:
+    # the durations of its tenant's succeeded jobs of its size, as the simulator's
+    # "history" estimates (services/scheduler/history.py); learnt as jobs succeed, and at
+    # start from this many of the newest succeeded jobs. The forecaster reads the switch
+    # too, under the same name, so its replay ranks as the scheduler does.
+    history_estimates: bool = Field(True, description="estimates from succeeded jobs' durations")
+    history_first_read: int = Field(2000, ge=0, description="succeeded jobs read at start")

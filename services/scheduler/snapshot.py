@@ -3,7 +3,8 @@
 Objects are reused across cycles where nothing changed: the core keeps its node table
 (numpy arrays) by the identity of the nodes tuple and diffs allocations by identity, so
 this builder keeps the nodes tuple, each allocation and each ``JobRequest`` until what
-they describe changes.
+they describe changes, the history's estimate and samples of its tenant and size included
+(``JobHistory.version``: a success of another size leaves a request as it was).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from scheduling import Allocation, GpuSlot, JobRequest, Node, RunningJob, Snapshot
+from services.scheduler.history import gpu_key
 from services.scheduler.model import Cluster, NodeView, SchedJob
 from shared.events import JobState
 from shared.job_request import job_request as shared_job_request
@@ -54,7 +56,9 @@ class SnapshotBuilder:
         self._nodes: tuple[Node, ...] = ()
         self._nodes_version = -1  # of ``cluster.nodes_version`` that ``_nodes`` shows
         self._allocs: dict[tuple[str, str, int], Allocation] = {}
-        self._requests: dict[tuple[Any, ...], JobRequest] = {}
+        # the request as the spec makes it, its GPU key, the history's version it was
+        # filled at, and the request filled
+        self._requests: dict[tuple[Any, ...], tuple[JobRequest, int, Any, JobRequest]] = {}
 
     def nodes(self) -> tuple[Node, ...]:
         """The same tuple while the inventory is unchanged."""
@@ -67,13 +71,25 @@ class SnapshotBuilder:
                  caps: dict[str, int] | None = None) -> JobRequest:
         key = (owner or job.job_id, job.attempt, tuple(sorted(job.targets.items())),
                tuple(sorted((caps or {}).items())))
-        req = self._requests.get(key)
-        if req is None:
+        hit = self._requests.get(key)
+        if hit is None:
             req = job_request(job, caps)
             if owner is not None:
                 req = replace(req, job_id=owner)
-            self._requests[key] = req
-        return req
+            hit = self._requests[key] = (req, gpu_key(req), None, req)
+        history = self.cluster.history
+        version = None if history is None else history.version(hit[1])
+        if version != hit[2]:  # new, or the history learnt a job of its size since
+            assert history is not None
+            hit = self._requests[key] = (hit[0], hit[1], version, history.fill(hit[0], hit[1]))
+        return hit[3]
+        base, gpus = hit[0], hit[1]
+        if history is None:
+            hit = (base, gpus, None, base)
+        else:
+            hit = (base, gpus, history.version(gpus), history.fill(base, gpus))
+        self._requests[key] = hit
+        return hit[3]
 
     def snapshot(self, now: float) -> Snapshot:
         """Tasks of an older attempt still stopping hold their resources under a job id

@@ -9,6 +9,7 @@ own, all working on the one ``Cluster`` record this state is:
 - ``NodeOps`` (nodes.py): nodes registered, heard from, lost, cordoned and drained;
 - ``Resizes`` (resizes.py): elastic jobs grown, shrunk and resized by a user;
 - ``Bindings`` (bindings.py): the messages agents carry out;
+- ``JobHistory`` (history.py): succeeded jobs' durations, the requests' estimates;
 - rows.py: the rows persisted.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 from scheduling import Plan, Snapshot
 from services.scheduler.bindings import Bindings
 from services.scheduler.explain import PendingNotices
+from services.scheduler.history import JobHistory
 from services.scheduler.jobs import Lifecycle
 from services.scheduler.model import (
     DEFAULT_GRACE_S,
@@ -55,8 +57,8 @@ Handler = Callable[[Any, Output], None]
 class SchedulerState(Cluster):
     SOURCE = SOURCE
 
-    def __init__(self, epoch: int, placer: Placer) -> None:
-        super().__init__(epoch)
+    def __init__(self, epoch: int, placer: Placer, history: JobHistory | None = None) -> None:
+        super().__init__(epoch, history)
         self.placer = placer
         self.pending_reasons: dict[str, str] = {}
         self.notices = PendingNotices()  # job.waiting: why a job waits, when that changes
@@ -109,6 +111,7 @@ class SchedulerState(Cluster):
         """Ask the core for a plan and carry it out: notices of why jobs wait, then
         preemptions, resizes and placements, in that order."""
         self.needs_cycle = False
+        self.learn_succeeded(now)
         plan = self.placer(self.snapshot(now))
         self.pending_reasons = {k: v.value for k, v in plan.pending.items()}
         admitted = {j: job.attempt for j in plan.pending
@@ -145,6 +148,16 @@ class SchedulerState(Cluster):
                    for t in job.ready.spec.tasks):
                 self.needs_cycle = True  # it may grow next cycle (placement never grows)
         return plan
+
+    def learn_succeeded(self, now: float) -> None:
+        """Jobs that succeeded since the last cycle teach the history their duration: a
+        success frees resources, so a cycle follows in the same batch (``now`` is the end
+        the row stores, to within the persist)."""
+        if self.history is not None:
+            for job in self.succeeded:
+                if job.ready is not None:
+                    self.history.learn_job(job.ready, job.bound_at, now)
+        self.succeeded.clear()
 
     # --- a new leader, a broker that came back empty ------------------------------------
 

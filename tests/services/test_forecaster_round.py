@@ -130,8 +130,10 @@ async def test_durations_are_learnt_from_succeeded_rows(engine: AsyncEngine, db_
     # later jobs of that tenant and size are expected to run that long: five are placed
     # at once, the sixth starts when they end
     await store(svc, *[ready(f"a{i}").gpus(8).tenant("lab").build() for i in range(6)], now=now)
-    async with engine.connect() as conn:
-        snap, who = snapshot_of(await reader.read(conn), now)
+    async with engine.connect() as conn:  # the requests estimated as the leader's are
+        snap, who = snapshot_of(await reader.read(conn), now, reader.history)
+    assert [(j.job_id, j.runtime_estimate_s, j.runtime_samples) for j in snap.pending] == [
+        ("a5", pytest.approx(120), pytest.approx((120,) * 5))]
     out = forecast_round(CONFIG, snap, who, reader.history)
     assert set(out) == {"a5"}
     assert out["a5"].start == pytest.approx(now + 120)

@@ -10,30 +10,27 @@ not over through the table's partial index, and looks up by id those of the last
 that left it (ended since): one still holding a task stays in the snapshot, a succeeded
 one teaches the history its duration.
 
-Durations: from ``tasks.bound_at`` (when the cycle placed the job's last attempt) to the
-row's ``updated_at`` (written when its end was stored), keyed by tenant and GPU count.
-Failed and cancelled jobs do not say how long a job of theirs takes and are left out; so
-are jobs that came and went between two reads (shorter than a round's interval).
+Durations are learnt as the scheduler learns them (``services.scheduler.history``); jobs
+that came and went between two reads (shorter than a round's interval) are left out.
+The snapshot's requests carry the history's estimates and samples, as the leader's do.
 """
 
 from __future__ import annotations
 
-import math
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
 from pydantic import ValidationError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from scheduling import JobRequest, Snapshot
-from scheduling.estimates import DurationHistory
 from services.scheduler.forecaster.quota import tree_of
+from services.scheduler.history import JobHistory
 from services.scheduler.model import Cluster
 from services.scheduler.rows import JobRow, NodeRow, job_from_row, node_from_row
 from services.scheduler.snapshot import SnapshotBuilder
-from shared.events import JobReady, JobSubmitted
+from shared.events import JobSubmitted
 from shared.job_request import job_request
 from shared.quota_tree import QueueTree
 
@@ -48,16 +45,10 @@ _BY_ID = text(f"SELECT {_COLUMNS}, {_HOLDS} AS holds,"
               " FROM sched_jobs WHERE job_id = ANY(CAST(:ids AS text[]))")
 _NODES = text("SELECT node_id, inventory, state, cordon, cordon_generation, cordon_reason"
               " FROM sched_nodes ORDER BY node_id")  # a stable order: ties break alike each round
-_HISTORY = text(
-    "SELECT job_id, state, attempt, ready, placement, tasks,"
-    " extract(epoch FROM updated_at)::float8 AS ended_at"
-    " FROM sched_jobs WHERE state = 'succeeded' AND tasks->>'bound_at' IS NOT NULL"
-    " ORDER BY updated_at DESC LIMIT :n")
 # admitted by nothing yet: queueing holds it until its queue has quota
 _QUEUED = text("SELECT job_id, queue, tenant, event FROM queue_jobs WHERE state = 'queued'"
                " ORDER BY seq LIMIT :n")
 _QUEUES = text("SELECT name, config FROM queues")
-KEEP = 20_000  # durations kept; the history is rebuilt from the last of them past twice that
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +67,12 @@ class Rows:
     nodes: list[NodeRow]
 
 
-def snapshot_of(rows: Rows, now: float) -> tuple[Snapshot, dict[str, Waiting]]:
-    """The snapshot the leader's next cycle would see (had it loaded these rows), and
-    the queue and tenant of every job in it (``<job>~<attempt>`` stand-ins excluded)."""
-    cluster = Cluster(epoch=0)
+def snapshot_of(rows: Rows, now: float, history: JobHistory | None = None
+                ) -> tuple[Snapshot, dict[str, Waiting]]:
+    """The snapshot the leader's next cycle would see (had it loaded these rows, and
+    learnt ``history``: None, no history estimates), and the queue and tenant of every
+    job in it (``<job>~<attempt>`` stand-ins excluded)."""
+    cluster = Cluster(epoch=0, history=history)
     for n in rows.nodes:
         cluster.nodes[n["node_id"]] = node_from_row(n)
     who: dict[str, Waiting] = {}
@@ -123,17 +116,15 @@ class RowReader:
     """Reads the scheduler's rows round after round, and learns durations on the way."""
 
     first_read: int = 2000  # succeeded jobs the history starts from
-    history: DurationHistory = field(default_factory=DurationHistory)
+    history: JobHistory = field(default_factory=JobHistory)
     tracked: set[str] = field(default_factory=set)  # the job ids of the last read
     started: bool = False
-    recent: deque[tuple[str, int, float]] = field(default_factory=lambda: deque(maxlen=KEEP))
 
     async def read(self, conn: AsyncConnection) -> Rows:
         nodes = [cast(NodeRow, dict(r)) for r in (await conn.execute(_NODES)).mappings()]
         if not self.started:
             jobs = [cast(JobRow, dict(r)) for r in (await conn.execute(_LIVE)).mappings()]
-            for r in reversed((await conn.execute(_HISTORY, {"n": self.first_read})).mappings().all()):
-                self._learn(r)  # oldest first: the history is in finishing order
+            await self.history.load(conn, self.first_read)
             self.started = True
         else:
             jobs = [cast(JobRow, dict(r)) for r in (await conn.execute(_ACTIVE)).mappings()]
@@ -143,33 +134,6 @@ class RowReader:
                     if r["holds"]:  # over, but a task still stops: it holds its GPUs
                         jobs.append(cast(JobRow, {k: r[k] for k in JobRow.__annotations__}))
                     else:
-                        self._learn(r)
+                        self.history.learn_row(r)
         self.tracked = {j["job_id"] for j in jobs}
         return Rows(jobs, nodes)
-
-    def _learn(self, r: Any) -> None:
-        bound_at = (r["tasks"] or {}).get("bound_at")
-        if r["state"] != "succeeded" or bound_at is None or not r["ready"]:
-            return
-        tenant, gpus = _shape(r["ready"])
-        d = max(0.0, r["ended_at"] - bound_at)
-        self.history.learn(tenant, gpus, d)
-        self.recent.append((tenant, gpus, d))
-        if len(self.history.every) > 2 * KEEP:  # bounded memory over a long uptime
-            self.history = DurationHistory(self.history.quantiles)
-            for t, g, x in self.recent:
-                self.history.learn(t, g, x)
-
-
-def _shape(ready: Any) -> tuple[str, int]:
-    """The key the history learns under: the tenant and the GPUs of the core's request
-    (the same conversion the snapshot's jobs went through)."""
-    r = JobReady.model_validate(ready)
-    req = job_request(r.spec, job_id=r.job_id, queue=r.queue, tenant=r.tenant, user=r.user,
-                      submitted_at=r.submitted_at, attempt=r.attempt)
-    return r.tenant, gpu_key(req)
-
-
-def gpu_key(job: JobRequest) -> int:
-    """The history's size key: whole GPUs (a shared GPU counts as one)."""
-    return math.ceil(job.total_gpus)

@@ -4,8 +4,9 @@
 The replay is ``scheduling.forecast`` with the scheduler's policy. Its times, as the
 simulator's forecast experiment feeds them (``sim/forecast_experiment.spreads``):
 running jobs' time left and waiting jobs' run time from ``DurationHistory.spread`` (the
-quantiles of similar finished jobs, for the band); a waiting job's middle is its own
-``runtimeEstimate`` when it gives one (what the policy ranks by). A job with no similar
+quantiles of similar finished jobs, for the band); a waiting job's middle is its
+request's estimate when it has one (what the policy ranks by: its own ``runtimeEstimate``,
+else the history's median, as the scheduler gives it). A job with no similar
 finished job and no estimate gets the core's rule (``estimates.remaining_by_rule``).
 Who a job waits behind comes from one plain cycle on the same snapshot (the scheduler's
 diagnosis, ``Plan.blocked_by``).
@@ -20,8 +21,9 @@ from scheduling import JobRequest, Scheduler, SchedulerConfig, Snapshot
 from scheduling.estimates import DurationHistory, Spread
 from scheduling.forecast import JobForecast as CoreForecast
 from scheduling.forecast import forecast
-from services.scheduler.forecaster.load import Queued, Waiting, gpu_key
+from services.scheduler.forecaster.load import Queued, Waiting
 from services.scheduler.forecaster.quota import admit_rule
+from services.scheduler.history import gpu_key
 from shared.events import JobForecast, WaitReason, from_pending
 
 

@@ -22,11 +22,12 @@ from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from scheduling import SchedulerConfig, Snapshot
+from scheduling import JobRequest, SchedulerConfig, Snapshot
 from services.scheduler.forecaster.load import Queued, RowReader, read_queued, snapshot_of
 from services.scheduler.forecaster.publish import Publisher
 from services.scheduler.forecaster.round import forecast_round, what_if
 from services.scheduler.forecaster.settings import ForecasterSettings
+from services.scheduler.history import JobHistory, gpu_key
 from shared.bus import Producer
 from shared.events import Envelope, utcnow
 from shared.http import HttpServer, ReadyCheck, add_ops_routes
@@ -83,6 +84,15 @@ class Forecaster:
         self.rounds = 0
         self.publishing = True  # main() elects one publisher among replicas
 
+    def history(self) -> JobHistory | None:
+        """What the replay's requests are estimated from, as the scheduler's are."""
+        return self.reader.history if self.settings.history_estimates else None
+
+    def estimated(self, jobs: list[JobRequest]) -> list[JobRequest]:
+        """Jobs not the scheduler's yet, with the estimates it will give them."""
+        h = self.history()
+        return jobs if h is None else [h.fill(j, gpu_key(j)) for j in jobs]
+
     async def round_once(self) -> int:
         """One round; returns the events published."""
         t0 = time.perf_counter()
@@ -92,7 +102,8 @@ class Forecaster:
         now = time.time()
         t1 = time.perf_counter()
         ROUND_SECONDS.labels("load").observe(t1 - t0)
-        snap, who = snapshot_of(rows, now)
+        snap, who = snapshot_of(rows, now, self.history())
+        queued.held = self.estimated(queued.held)
         forecasts = await asyncio.to_thread(
             forecast_round, self.config, snap, who, self.reader.history,
             resolution=self.settings.forecast_resolution, queued=queued)
@@ -176,8 +187,10 @@ def create_app(fc: Forecaster, ready: ReadyCheck) -> FastAPI:
             raise HTTPException(503, detail="no snapshot loaded yet: the forecaster's first "
                                 "round has not finished; try again in a few seconds")
         now = utcnow()
-        reqs = [job_request(c.spec, job_id=c.job_id, queue=c.queue, tenant=c.tenant,
-                            user=c.user, submitted_at=now, attempt=1) for c in body.candidates]
+        # estimated as the scheduler will estimate them once admitted
+        reqs = fc.estimated([job_request(c.spec, job_id=c.job_id, queue=c.queue, tenant=c.tenant,
+                                         user=c.user, submitted_at=now, attempt=1)
+                             for c in body.candidates])
         t0 = time.perf_counter()
         try:
             got = await asyncio.to_thread(what_if, fc.config, snap, fc.reader.history, reqs,

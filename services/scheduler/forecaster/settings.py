@@ -1,6 +1,7 @@
-"""The forecaster's settings (environment, prefix ``KAIROS_``). ``policy_file`` and
-``policy`` are the scheduler's own settings, under the same names: set once, both read
-them, so the replay runs the policy the scheduler runs."""
+"""The forecaster's settings (environment, prefix ``KAIROS_``). ``policy_file``,
+``policy`` and ``history_estimates`` are the scheduler's own settings, under the same
+names: set once, both read them, so the replay runs the policy the scheduler runs, on
+the same estimates."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ class ForecasterSettings(CommonSettings):
     http_port: int = 8005
     policy_file: str = ""  # a SchedulerConfig YAML; empty = the preset below
     policy: str = "default"
+    history_estimates: bool = Field(True, description="estimates from succeeded jobs' durations")
     forecast_every_s: float = Field(5.0, gt=0, description="seconds between rounds")
     # ... and rounds busy at most this share of the time (a slow round waits longer), so
     # the forecaster's CPU stays bounded however large the cluster and its queue grow

@@ -1,0 +1,119 @@
+"""Durations of succeeded jobs, as the scheduler and the forecaster both learn them: the
+history ``scheduling.estimates`` estimates from, fed from ``sched_jobs`` rows (at start,
+the newest succeeded ones) and, live, from jobs as they succeed.
+
+A job's duration runs from ``bound_at`` (when the cycle placed its last attempt) to its
+end (a row's ``updated_at``, written when its end was stored), keyed by tenant and whole
+GPUs. Failed and cancelled jobs do not say how long a job of theirs takes and are left
+out. Memory stays bounded over a long uptime: past twice ``KEEP`` durations, the history
+is rebuilt from the last ``KEEP``.
+
+The scheduler gives each job's request the median of similar jobs (its
+``runtime_estimate_s``, unless the user gave one) and their durations
+(``runtime_samples``, for the Gittins rank), as the simulator does (``sim/engine.py``,
+``estimates="history"``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import replace
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from scheduling import JobRequest
+from scheduling.estimates import DurationHistory
+from shared.events import JobReady
+from shared.job_request import job_request
+
+# the newest succeeded rows first: read oldest first, the history is in finishing order
+NEWEST_SUCCEEDED = text(
+    "SELECT job_id, state, attempt, ready, placement, tasks,"
+    " extract(epoch FROM updated_at)::float8 AS ended_at"
+    " FROM sched_jobs WHERE state = 'succeeded' AND tasks->>'bound_at' IS NOT NULL"
+    " ORDER BY updated_at DESC LIMIT :n")
+KEEP = 20_000  # durations kept; the history is rebuilt from the last of them past twice that
+
+
+def gpu_key(job: JobRequest) -> int:
+    """The history's size key: whole GPUs (a shared GPU counts as one)."""
+    return math.ceil(job.total_gpus)
+
+
+def shape(ready: JobReady) -> tuple[str, int]:
+    """The key a job is learnt under: its tenant and the GPUs of the core's request (the
+    same conversion the snapshot's jobs go through)."""
+    req = job_request(ready.spec, job_id=ready.job_id, queue=ready.queue, tenant=ready.tenant,
+                      user=ready.user, submitted_at=ready.submitted_at, attempt=ready.attempt)
+    return ready.tenant, gpu_key(req)
+
+
+class JobHistory(DurationHistory):
+    """A ``DurationHistory`` with bounded memory, fed from the scheduler's jobs and rows,
+    that says when what it knows of a GPU count changed (``version``) and fills a job's
+    request from it (``fill``)."""
+
+    def __init__(self, quantiles: tuple[float, float] = (0.1, 0.9)) -> None:
+        super().__init__(quantiles)
+        self.recent: deque[tuple[str, int, float]] = deque(maxlen=KEEP)
+        self.generation = 0  # rebuilds so far
+        # (tenant, gpus) -> (version, estimate, samples): shared by every job of the key
+        self._about: dict[tuple[str, int], tuple[Any, float | None, tuple[float, ...]]] = {}
+
+    def learn(self, tenant: str, gpus: int, duration_s: float) -> None:
+        super().learn(tenant, gpus, duration_s)
+        self.recent.append((tenant, gpus, duration_s))
+        if len(self.every) > 2 * KEEP:
+            fresh = DurationHistory(self.quantiles)
+            for t, g, x in self.recent:
+                fresh.learn(t, g, x)
+            # swapped whole, attribute by attribute: a forecaster thread reading it meanwhile
+            # sees one or the other, never an emptied history
+            self.by_key, self.by_size, self.every, self.gpu_s = (
+                fresh.by_key, fresh.by_size, fresh.every, fresh.gpu_s)
+            self.generation += 1
+            self._about.clear()
+
+    def learn_job(self, ready: JobReady, bound_at: float | None, ended_at: float) -> None:
+        """A job that succeeded at ``ended_at``, placed (its last attempt) at ``bound_at``."""
+        if bound_at is None:
+            return
+        tenant, gpus = shape(ready)
+        self.learn(tenant, gpus, max(0.0, ended_at - bound_at))
+
+    def learn_row(self, r: Any) -> None:
+        """A ``sched_jobs`` row with its ``ended_at`` (epoch s of ``updated_at``); one not
+        succeeded, never placed or without its job (a tombstone) teaches nothing."""
+        if r["state"] != "succeeded" or not r["ready"]:
+            return
+        self.learn_job(JobReady.model_validate(r["ready"]), (r["tasks"] or {}).get("bound_at"),
+                       r["ended_at"])
+
+    async def load(self, conn: AsyncConnection, n: int) -> None:
+        """Learn the newest ``n`` succeeded jobs (a process starting)."""
+        for r in reversed((await conn.execute(NEWEST_SUCCEEDED, {"n": n})).mappings().all()):
+            self.learn_row(r)
+
+    def version(self, gpus: int) -> tuple[int, int]:
+        """Changes whenever the estimate or samples of any job of ``gpus`` GPUs may have:
+        both read only durations of that GPU count (``DurationHistory``)."""
+        return self.generation, len(self.by_size.get(gpus) or ())
+
+    def fill(self, job: JobRequest, gpus: int) -> JobRequest:
+        """The request with the history's samples of similar jobs and, unless the user
+        gave one, their median as its estimate; the same object when the history knows
+        nothing of it."""
+        key = (job.tenant, gpus)
+        v = self.version(gpus)
+        about = self._about.get(key)
+        if about is None or about[0] != v:
+            about = self._about[key] = (v, self.estimate(*key), self.samples(*key))
+        _, estimate, samples = about
+        if not samples:
+            return job
+        own = job.runtime_estimate_s
+        return replace(job, runtime_estimate_s=own if own is not None else estimate,
+                       runtime_samples=samples)

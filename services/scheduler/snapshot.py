@@ -83,13 +83,6 @@ class SnapshotBuilder:
             assert history is not None
             hit = self._requests[key] = (hit[0], hit[1], version, history.fill(hit[0], hit[1]))
         return hit[3]
-        base, gpus = hit[0], hit[1]
-        if history is None:
-            hit = (base, gpus, None, base)
-        else:
-            hit = (base, gpus, history.version(gpus), history.fill(base, gpus))
-        self._requests[key] = hit
-        return hit[3]
 
     def snapshot(self, now: float) -> Snapshot:
         """Tasks of an older attempt still stopping hold their resources under a job id

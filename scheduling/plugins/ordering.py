@@ -37,6 +37,10 @@ class PriorityArgs(BaseModel):
     fifo_ahead: float = Field(0.0, ge=0, description=">0: a job is also starved once it has waited this "
                               "many times the time the cluster needs for the work submitted before it "
                               "and still queued or running (what FIFO would still make it wait)")
+    fifo_guard: float = Field(0.0, ge=0, description=">0: a job is also starved once its total wait "
+                              "(first wait and every requeue) reaches this fraction of the longest wait "
+                              "FIFO is known to give: the peak so far of the time the whole cluster needs "
+                              "for the expected work queued and running")
     hold_line: bool = Field(True, description="a starved job that cannot start and has no reservation "
                             "stops every job after it (false: later jobs that fit still start, as in FIFO)")
     parallelism_weight: float = Field(0.0, description="points per log2(1 + GPUs); <0 favours small")
@@ -115,6 +119,7 @@ class Priority(Plugin):
     def __init__(self, args: BaseModel, weight: float = 1.0) -> None:
         super().__init__(args, weight)
         self._rank = {r: i for i, r in enumerate(self.args.role_order)}
+        self._peak = 0.0  # the longest drain time seen (fifo_guard)
 
     def static_priority(self, job: JobRequest) -> float:
         a = self.args
@@ -124,6 +129,28 @@ class Priority(Plugin):
         rank = self._rank
         return tuple(sorted(job.tasks, key=lambda t: rank.get(t.role, len(rank)))) if rank else None
 
+    def drain(self, cycle: Cycle, jobs: Sequence[JobInfo] | None = None) -> float:
+        """Seconds the whole cluster needs for the expected work queued and running: about
+        what FIFO makes a job arriving now wait (whatever the order, the same work is there).
+        With ``jobs``, the mean over similar jobs where a job has them (a median understates
+        the work of heavy tails)."""
+        c = cycle.cols
+        gpus = c[jc.GPUS]
+        done = np.where(gpus > 0, c[jc.ATTAINED] / np.maximum(gpus, 1e-9), 0.0)
+        left = expected_left(c[jc.ESTIMATE], done, UNKNOWN_S, 1.0)
+        if jobs is not None:
+            left = _mean_left([i.job for i in jobs], done, left)
+        work = float((left * gpus).sum())
+        if cycle.running:
+            rt = cycle.runs()
+            ran = (cycle.now - rt.start) + np.where(rt.gpus > 0, rt.attained / np.maximum(rt.gpus, 1e-9), 0.0)
+            est = np.where(np.isinf(rt.estimate), np.nan, rt.estimate)
+            left = expected_left(est, ran, UNKNOWN_S, 1.0)
+            if jobs is not None:
+                left = _mean_left([r.job for r in cycle.running], ran, left)
+            work += float((left * rt.gpus).sum())
+        return work / cycle.capacity.gpu
+
     def bound(self, cycle: Cycle, longest_wait: float) -> float:
         """The starvation bound this cycle. Under sustained overload no fixed bound can
         be kept (the backlog grows without end) and keeping it anyway turns the queue
@@ -132,17 +159,7 @@ class Priority(Plugin):
         a = self.args
         if a.backlog_factor <= 0 or cycle.capacity.gpu <= 0 or longest_wait < a.starvation_bound_s:
             return a.starvation_bound_s  # (the stretched bound is never shorter: skip its sums)
-        c = cycle.cols
-        gpus = c[jc.GPUS]
-        done = np.where(gpus > 0, c[jc.ATTAINED] / np.maximum(gpus, 1e-9), 0.0)
-        work = float((expected_left(c[jc.ESTIMATE], done, UNKNOWN_S, 1.0) * gpus).sum())
-        if cycle.running:
-            rt = cycle.runs()
-            ran = (cycle.now - rt.start) + np.where(rt.gpus > 0, rt.attained / np.maximum(rt.gpus, 1e-9), 0.0)
-            est = np.where(np.isinf(rt.estimate), np.nan, rt.estimate)
-            work += float((expected_left(est, ran, UNKNOWN_S, 1.0) * rt.gpus).sum())
-        drain = work / cycle.capacity.gpu
-        return max(a.starvation_bound_s, a.backlog_factor * drain)
+        return max(a.starvation_bound_s, a.backlog_factor * self.drain(cycle))
 
     def order_keys(self, cycle: Cycle, jobs: Sequence[JobInfo]) -> list[FloatArray]:
         a = self.args
@@ -158,6 +175,14 @@ class Priority(Plugin):
             starved |= wait >= a.fifo_ahead * ahead
             if run_ahead is not None:
                 run_starved = cycle.runs().waited >= np.minimum(bound, a.fifo_ahead * run_ahead)
+        if a.fifo_guard > 0 and cycle.capacity.gpu > 0:
+            # the peak, not today's drain: FIFO's longest wait is that of its worst moment
+            self._peak = max(self._peak, self.drain(cycle, jobs))
+            guard = a.fifo_guard * self._peak
+            starved |= wait >= guard
+            if cycle.running:
+                over = cycle.runs().waited >= min(bound, guard)
+                run_starved = over if run_starved is None else run_starved | over
         cycle.put(JobPriorities(prio, starved, bound, run_starved, a.hold_line))  # the allocate action copies them to JobInfo
         # starved jobs go oldest first, the rest by combined priority
         return [np.where(starved, 0.0, 1.0), np.where(starved, submit, -prio)]

@@ -143,3 +143,28 @@ def test_a_starved_job_lets_later_jobs_that_fit_start_without_hold_line() -> Non
     plan = w.step()
     assert bound(plan) == {"small": ["n0"]}
     assert plan.pending == {"big": PendingReason.NO_FIT}
+
+
+def test_fifo_guard_promotes_a_job_past_half_the_peak_drain_and_keeps_the_peak() -> None:
+    """The guard's bound is a fraction of the longest drain seen (FIFO's worst wait so far),
+    not of today's: once the backlog has cleared, a job that waited past it still goes first."""
+    w = World(cluster(1), Scheduler(config("gang", ("priority", {"starvation_bound_s": 1e9, "fifo_guard": 0.5}),
+                                           "binpack")), now=100)
+    w.start(job("r").gpus(8).estimate(4 * 3600), n0=list(range(8)))  # ~4 h of the one node
+    w.submit(job("old").klass("low").gpus(8).submit(0).estimate(3600),
+             job("u").klass("urgent").gpus(8).submit(99).estimate(3600))
+    # drain ~6 h: the guard is ~3 h; 'old' waited 100 s: class order
+    assert [j.job_id for j in w.scheduler.order(w.snapshot())] == ["u", "old"]
+    w.finish("r")
+    w.now = 2.5 * 3600  # the drain is now 2 h, the guard still ~3 h of the peak
+    assert [j.job_id for j in w.scheduler.order(w.snapshot())] == ["u", "old"]
+    w.now = 3.5 * 3600  # 'old' waited past half the peak drain: it goes first
+    assert [j.job_id for j in w.scheduler.order(w.snapshot())] == ["old", "u"]
+
+
+def test_fifo_guard_off_keeps_class_order() -> None:
+    w = World(cluster(1), Scheduler(config("gang", ("priority", {"starvation_bound_s": 1e9}), "binpack")),
+              now=4 * 3600)
+    w.submit(job("old").klass("low").gpus(8).submit(0).estimate(3600),
+             job("u").klass("urgent").gpus(8).submit(99).estimate(3600))
+    assert [j.job_id for j in w.scheduler.order(w.snapshot())] == ["u", "old"]

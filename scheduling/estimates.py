@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scheduling.arrays import FloatArray
+
 HISTORY = 30  # finished jobs a point estimate looks back on (Philly 10k, 64x8: 50 -> 7.89 h, 30 -> 7.72 h)
 WINDOW = 200  # finished jobs the quantiles look back on
 # similar jobs' durations a job carries for its Gittins rank: a distribution needs more
@@ -142,3 +144,12 @@ def remaining_by_rule(estimate_s: float | None, ran_s: float, unknown_s: float =
     if estimate_s is None:
         return max(ran_s, unknown_s - ran_s, 1.0)
     return max(ran_s, 1.0)
+
+
+def expected_left(est: FloatArray, done: FloatArray, unknown_s: float, overrun: float) -> FloatArray:
+    """Seconds a job is expected to run still, having run ``done``: its estimate minus
+    what it did; past the estimate (or with none) heavy tails say as long again."""
+    known = ~np.isnan(est)
+    ahead = known & (done < est)
+    past = np.where(known, overrun * done, np.maximum(done, unknown_s - done))
+    return np.where(ahead, np.where(known, est, 0.0) - done, np.maximum(past, 1.0))

@@ -1,5 +1,14 @@
 """Every policy plugin; importing this package registers them by name."""
 
-from scheduling.plugins import fairshare, fgd, gang, kairos_pack, ordering, placement, predicates
+from scheduling.plugins import (
+    fairshare,
+    fgd,
+    gang,
+    kairos_pack,
+    ordering,
+    placement,
+    predicates,
+    srpt,
+)
 
-__all__ = ["fairshare", "fgd", "gang", "kairos_pack", "ordering", "placement", "predicates"]
+__all__ = ["fairshare", "fgd", "gang", "kairos_pack", "ordering", "placement", "predicates", "srpt"]

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from scheduling import jobcols as jc
 from scheduling.arrays import BoolArray, FloatArray
-from scheduling.estimates import gittins_rank, mean_left
+from scheduling.estimates import expected_left, mean_left
 from scheduling.framework import Cycle, JobInfo, JobPriorities, Plugin, register
 from scheduling.model import JobRequest, PreemptReason, TaskRequest
 
@@ -261,124 +261,6 @@ class Srtf(Plugin):
         done = (cycle.now - rt.start) + np.where(rt.gpus > 0, rt.attained / np.maximum(rt.gpus, 1e-9), 0.0)
         left = np.maximum(0.0, rt.estimate - done)
         return [(left > _remaining(info.job, info.gpus), PreemptReason.SRTF)]
-
-
-class SrptArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    by: Literal["gpu_time", "time"] = Field("gpu_time", description="rank by GPU-seconds or seconds left")
-    unknown_s: float = Field(UNKNOWN_S, ge=0, description="expected run time of a job with no estimate "
-                             "that has not run (then: as long as it has run, like LAS)")
-    overrun: float = Field(1.0, ge=0, description="a job past its estimate is expected to run this "
-                           "many times as long again")
-    aging_s: float = Field(0.0, ge=0, description=">0: response-ratio aging, key / (1 + wait / aging_s)")
-    rank: Literal["estimate", "gittins"] = Field("estimate", description="gittins: jobs with similar jobs' "
-                                                 "durations (runtime_samples) rank by the inverse Gittins "
-                                                 "index given what they ran; the rest by the estimate")
-    preempt: bool = True
-    preempt_ratio: float = Field(4.0, ge=1, description="a victim must have this many times more "
-                                 "expected service left than the preemptor")
-
-
-def expected_left(est: FloatArray, done: FloatArray, unknown_s: float, overrun: float) -> FloatArray:
-    """Seconds a job is expected to run still, having run ``done``: its estimate minus
-    what it did; past the estimate (or with none) heavy tails say as long again."""
-    known = ~np.isnan(est)
-    ahead = known & (done < est)
-    past = np.where(known, overrun * done, np.maximum(done, unknown_s - done))
-    return np.where(ahead, np.where(known, est, 0.0) - done, np.maximum(past, 1.0))
-
-
-@dataclass(slots=True)
-class _SrptVictims:
-    """Srpt's preemption memo for one cycle: the same for every preemptor."""
-
-    theirs: FloatArray | None = None  # each running job's expected service left (or Gittins rank)
-    fresh: BoolArray | None = None  # each running job did not starve before it started
-
-
-@register
-class Srpt(Plugin):
-    """Kairos' ordering: shortest expected remaining service first, from submit-time
-    estimates (the history of finished jobs) and service attained, optionally aged by
-    the response ratio; preempts jobs expected to hold their GPUs far longer."""
-
-    name = "srpt"
-    Args = SrptArgs
-    args: SrptArgs
-
-    def __init__(self, args: BaseModel, weight: float = 1.0) -> None:
-        super().__init__(args, weight)
-        self._ranks: dict[int, tuple[JobRequest, float]] = {}  # a pending request's Gittins rank
-
-    def _service(self, left: FloatArray, gpus: FloatArray) -> FloatArray:
-        return left * np.maximum(gpus, 1e-3) if self.args.by == "gpu_time" else left
-
-    def _gittins(self, jobs: Sequence[JobInfo], left: FloatArray) -> FloatArray:
-        """``left`` with the Gittins rank where the job's samples give one; a pending
-        request's rank never changes (its attained service is fixed while it waits)."""
-        memo = self._ranks
-        if len(memo) > 4 * len(jobs) + 1024:
-            memo.clear()
-        out = left.copy()
-        for i, info in enumerate(jobs):
-            job = info.job
-            if not job.runtime_samples:
-                continue
-            hit = memo.get(id(job))
-            if hit is None or hit[0] is not job:
-                done = job.attained_service_s / info.gpus if info.gpus else 0.0
-                g = gittins_rank(job.runtime_samples, done)
-                hit = memo[id(job)] = (job, math.nan if g is None else g)
-            if not math.isnan(hit[1]):
-                out[i] = hit[1]
-        return out
-
-    def order_keys(self, cycle: Cycle, jobs: Sequence[JobInfo]) -> list[FloatArray]:
-        a, c = self.args, cycle.cols
-        gpus = c[jc.GPUS]
-        done = np.where(gpus > 0, c[jc.ATTAINED] / np.maximum(gpus, 1e-9), 0.0)
-        left = expected_left(c[jc.ESTIMATE], done, a.unknown_s, a.overrun)
-        if a.rank == "gittins":
-            left = self._gittins(jobs, left)
-        key = self._service(left, gpus)
-        if a.aging_s > 0:
-            key = key / (1.0 + waited(cycle) / a.aging_s)
-        return [key]
-
-    def victims(self, cycle: Cycle, info: JobInfo) -> list[tuple[BoolArray, PreemptReason]]:
-        a = self.args
-        if not a.preempt or not cycle.running or info.starved or info.job.runtime_estimate_s is None:
-            # only for work known to be short; a starved job goes first and gets a reservation
-            return []
-        memo = cycle.setdefault(_SrptVictims)
-        theirs = memo.theirs
-        if theirs is None:
-            rt = cycle.runs()
-            done = (cycle.now - rt.start) + np.where(rt.gpus > 0, rt.attained / np.maximum(rt.gpus, 1e-9), 0.0)
-            left_run = expected_left(np.where(np.isinf(rt.estimate), np.nan, rt.estimate), done, a.unknown_s,
-                                     a.overrun)
-            if a.rank == "gittins":
-                for i, r in enumerate(cycle.running):
-                    g = gittins_rank(r.job.runtime_samples, float(done[i])) if r.job.runtime_samples else None
-                    if g is not None:
-                        left_run[i] = g
-            theirs = memo.theirs = self._service(left_run, rt.gpus)
-        est: float = info.job.runtime_estimate_s  # known: checked above
-        ran = info.job.attained_service_s / info.gpus if info.gpus else 0.0
-        left = est - ran if ran < est else max(a.overrun * ran, 1.0)  # expected_left, of one job
-        g = gittins_rank(info.job.runtime_samples, ran) if a.rank == "gittins" and info.job.runtime_samples else None
-        left = left if g is None else g
-        mine = left * max(info.gpus, 1e-3) if a.by == "gpu_time" else left
-        ok = theirs > a.preempt_ratio * mine
-        prios = cycle.get(JobPriorities)
-        if prios is not None:
-            # a job that starved before it started is not stopped for shorter work: it would
-            # queue again, starve again and go first again, round and round
-            if memo.fresh is None:
-                memo.fresh = (~prios.running_starved if prios.running_starved is not None
-                              else cycle.runs().waited < prios.starvation_bound_s)
-            ok &= memo.fresh
-        return [(ok, PreemptReason.SRTF)]
 
 
 class TiresiasArgs(BaseModel):

@@ -109,13 +109,32 @@ def gittins_rank(samples: Sequence[float], done: float) -> float | None:
     spread of short and long gives the chance of finishing soon its due, so a job that
     has run past the short ones ranks behind fresh ones (least attained service, as
     Tiresias). None: the job outlived every sample (the caller's rule applies)."""
-    r = np.asarray(samples, dtype=float)
-    r = np.sort(r[r > done]) - done
+    s = _sorted(samples)
+    r = s[np.searchsorted(s, done, side="right"):] - done  # the same as sorting r[r > done]
     if not r.size:
         return None
     k = np.arange(1, r.size + 1)
     # q = the k-th shortest time left: E[min(left, q)] = (sum of the k shortest + (m-k) q) / m
     return float(((np.cumsum(r) + (r.size - k) * r) / k).min())
+
+
+# sorted copies of recent sample tuples, by identity: jobs of one class share one tuple
+# (the history's), and a cycle ranks every running job of it again
+_SORTED: dict[int, tuple[Sequence[float], np.ndarray]] = {}
+
+
+def _sorted(samples: Sequence[float]) -> np.ndarray:
+    """``samples`` sorted, NaN dropped; kept for tuples only (a list may change)."""
+    hit = _SORTED.get(id(samples))
+    if hit is not None and hit[0] is samples:
+        return hit[1]
+    s = np.asarray(samples, dtype=float)
+    s = np.sort(s[~np.isnan(s)])
+    if isinstance(samples, tuple):
+        if len(_SORTED) > 4096:
+            _SORTED.clear()
+        _SORTED[id(samples)] = (samples, s)
+    return s
 
 
 def mean_left(samples: Sequence[float], done: float) -> float | None:

@@ -44,3 +44,17 @@ def test_history_samples_are_the_estimates_jobs() -> None:
     assert h.estimate("a", 1) == 20.0
     assert h.samples("c", 1) == (10.0, 20.0, 30.0, 99.0)  # no such tenant: every job of that size
     assert h.samples("a", 4) == ()
+
+
+def test_a_sample_tuple_ranks_as_its_list_at_every_point() -> None:
+    """The sorted copy of a tuple is kept between calls (a cycle ranks every running job
+    of a class on the same tuple); a list, which may change, is sorted each time."""
+    samples = (900.0, 30.0, float("nan"), 60.0, 36_000.0, 30.0)
+    plain = [x for x in samples if x == x]
+    for done in (0.0, 30.0, 45.0, 900.0, 40_000.0):
+        assert gittins_rank(samples, done) == gittins_rank(plain, done)
+        assert gittins_rank(samples, done) == gittins_rank(samples, done)
+    grown = [100.0]
+    assert gittins_rank(grown, 0.0) == pytest.approx(100.0)
+    grown.append(1.0)  # the same list, changed: not a kept copy
+    assert gittins_rank(grown, 0.0) == pytest.approx(2.0)  # E[min(X, 1)] / P(X <= 1) = 1 / 0.5

@@ -6,6 +6,8 @@ suite's cases; FIFO and Tiresias in the same run -> bench/results/starvation_tra
 
     python bench/starvation_tradeoff.py                       # every case but Philly 80/96 x 8
     python bench/starvation_tradeoff.py --cases 'syn-*' -j 2  # a subset, two processes
+    python bench/starvation_tradeoff.py --variant 'ratio 8={"srpt": {"preempt_ratio": 8}}' \
+        --out /tmp/ratio8.json                                 # other overrides instead
 
 Per variant: the geometric mean of Kairos/Tiresias average JCT over the cases where
 queues form, and how many cases miss each target (average JCT above Tiresias', longest
@@ -35,37 +37,52 @@ from sim.suite import KEYS, cases, load, queues_form, select
 from sim.traces import uniform_cluster
 
 OUT = Path("bench/results/starvation_tradeoff.json")
-# Kairos variants: overrides of the default preset's priority plugin
-VARIANTS: dict[str, dict[str, Any]] = {
+# Kairos variants: overrides of the default preset's plugin arguments, by plugin
+VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "Kairos": {},
-    "guard 1.0": {"fifo_guard": 1.0},
-    "guard 1.0, no hold": {"fifo_guard": 1.0, "hold_line": False},
-    "guard 0.5": {"fifo_guard": 0.5},
-    "guard 0.5, no hold": {"fifo_guard": 0.5, "hold_line": False},
+    "guard 1.0": {"priority": {"fifo_guard": 1.0}},
+    "guard 1.0, no hold": {"priority": {"fifo_guard": 1.0, "hold_line": False}},
+    "guard 0.5": {"priority": {"fifo_guard": 0.5}},
+    "guard 0.5, no hold": {"priority": {"fifo_guard": 0.5, "hold_line": False}},
 }
 BASELINES = ("FIFO", "Tiresias")
 DEFAULT_CASES = [c.name for c in cases() if c.name not in ("philly@80x8", "philly@96x8")]
 
 
-def variant_config(priority: dict[str, Any]) -> SchedulerConfig:
-    plugins = tuple(PluginSpec(name=p.name, weight=p.weight, args={**p.args, **priority})
-                    if p.name == "priority" else p for p in DEFAULT_PLUGINS)
+def variant_config(overrides: dict[str, dict[str, Any]]) -> SchedulerConfig:
+    unknown = set(overrides) - {p.name for p in DEFAULT_PLUGINS}
+    if unknown:
+        raise SystemExit(f"no such plugin in the default preset: {', '.join(sorted(unknown))}")
+    plugins = tuple(PluginSpec(name=p.name, weight=p.weight, args={**p.args, **overrides.get(p.name, {})})
+                    for p in DEFAULT_PLUGINS)
     return SchedulerConfig(plugins=plugins)
 
 
-def run_one(job: tuple[str, str]) -> tuple[str, str, dict[str, Any]]:
-    case_name, who = job
+def parse_variant(text: str) -> tuple[str, dict[str, dict[str, Any]]]:
+    """``NAME={"plugin": {"arg": value}}`` -> (NAME, overrides)."""
+    name, sep, body = text.partition("=")
+    try:
+        overrides = json.loads(body) if sep else None
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: the overrides are not JSON ({e})") from e
+    if not name or not isinstance(overrides, dict) or not all(isinstance(v, dict) for v in overrides.values()):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME={{\"plugin\": {{\"arg\": value}}}}")
+    return name, overrides
+
+
+def run_one(job: tuple[str, str, dict[str, dict[str, Any]]]) -> tuple[str, str, dict[str, Any]]:
+    case_name, who, overrides = job
     case = select([case_name])[0]
-    cfg = policy_config(who) if who in BASELINES else variant_config(VARIANTS[who])
+    cfg = policy_config(who) if who in BASELINES else variant_config(overrides)
     settings = policy_settings(who if who in BASELINES else "Kairos", case.rules)
     t0 = time.perf_counter()
     m = summarize(Simulation(uniform_cluster(case.nodes, 8), load(case), cfg, settings).run())
     return case_name, who, {k: m[k] for k in KEYS} | {"wall_s": round(time.perf_counter() - t0, 1)}
 
 
-def summary(table: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def summary(table: dict[str, dict[str, Any]], variants: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for v in VARIANTS:
+    for v in variants:
         ratios, jct, first, total = [], [], [], []
         for case, rows in table.items():
             if v not in rows or not all(b in rows for b in BASELINES):
@@ -91,9 +108,17 @@ def main() -> None:
     ap.add_argument("--cases", nargs="*", default=DEFAULT_CASES, help="case names or patterns")
     ap.add_argument("-j", "--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--variant", type=parse_variant, action="append", default=None,
+                    metavar='NAME={"plugin": {"arg": value}}',
+                    help="run these overrides of the default preset instead of the guard variants "
+                         "(repeatable; the default preset and the baselines always run)")
     a = ap.parse_args()
+    variants = VARIANTS if a.variant is None else {"Kairos": {}, **dict(a.variant)}
+    for overrides in variants.values():
+        variant_config(overrides)  # a plugin not in the preset fails here, before any run
     chosen = [c.name for c in select(a.cases)]
-    todo = [(c, w) for c in chosen for w in (*BASELINES, *VARIANTS)]
+    todo = [(c, w, {}) for c in chosen for w in BASELINES] + [
+        (c, v, o) for c in chosen for v, o in variants.items()]
     table: dict[str, dict[str, Any]] = {c: {} for c in chosen}
     with ProcessPoolExecutor(a.jobs) as pool:
         for case, who, rec in pool.map(run_one, todo):
@@ -101,11 +126,12 @@ def main() -> None:
             print(f"{case} {who}: avg JCT {rec['avg_jct_s'] / 3600:.2f} h, max first wait "
                   f"{rec['max_first_wait_s'] / 3600:.1f} h, max total wait {rec['max_total_wait_s'] / 3600:.1f} h",
                   flush=True)
-    s = summary(table)
-    doc = {"protocol": "sim/suite.py cases and rules; Kairos = the default preset; 'guard X' = the default "
-                       "preset with priority.fifo_guard = X (a job whose total wait reaches X times the peak "
-                       "drain time goes first and is not preempted again); 'no hold' = priority.hold_line "
-                       "false (later jobs that fit still start)", "variants": VARIANTS,
+    s = summary(table, list(variants))
+    doc = {"protocol": "sim/suite.py cases and rules; Kairos = the default preset; every other variant = the "
+                       "default preset with the plugin arguments in 'variants' ('guard X': priority.fifo_guard "
+                       "= X, a job whose total wait reaches X times the peak drain time goes first and is not "
+                       "preempted again; 'no hold': priority.hold_line false, later jobs that fit still start)",
+           "variants": variants,
            "summary": s, "cases": table}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(doc, indent=2) + "\n")

@@ -125,8 +125,10 @@ class MonitorReplica:
                                                dead_letter=False),
                             handle, self.producer, on_batch_end=export,
                             batch_handler=handle_batch)
-        await consumer.start()
+        # kept before it starts: leadership lost (or the process stopping) while it
+        # connects must stop it too, or its fetcher would poll on, unowned
         self._view_consumer = consumer
+        await consumer.start()
         self._view_task = asyncio.create_task(consumer.run())
         self.metrics.heartbeat_timeout.set(s.lost_after_s)
         self.metrics.is_leader.set(1)

@@ -307,3 +307,40 @@ async def test_the_view_consumer_replays_everything_and_dead_letters_nothing(
             await task
         await c.stop()
     assert await dead_letter_count(own_broker) == letters
+
+
+async def test_a_view_consumer_stopped_while_it_starts_is_stopped(
+        own_broker: str, db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Leadership lost while the view's consumer connects: standing down stops it, and
+    no fetcher polls on after the replica stopped (it did before: its errors filled the
+    logs of later tests, against a broker long gone)."""
+    settings = MonitorSettings(kafka_bootstrap=own_broker, database_url=db_url,
+                               election_key=uuid.uuid4().int % 2**62)
+    producer = Producer(own_broker, "monitor")
+    await producer.start()
+    replica = MonitorReplica(settings, producer, MonitorMetrics(CollectorRegistry()))
+    connecting = asyncio.Event()
+    real_start = Consumer.start
+    started: list[Consumer] = []
+
+    async def slow_start(self: Consumer) -> None:
+        started.append(self)
+        await real_start(self)
+        connecting.set()
+        await asyncio.sleep(3600)  # still fixing its positions when leadership goes
+
+    monkeypatch.setattr(Consumer, "start", slow_start)
+    try:
+        lead = asyncio.create_task(replica.lead())
+        async with asyncio.timeout(30):
+            await connecting.wait()
+        lead.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await lead
+        await replica.stand_down()
+        assert len(started) == 1
+        view_consumer = started[0]
+        assert view_consumer._stopping.is_set()
+        assert view_consumer._consumer._closed, "the view's consumer was left running"
+    finally:
+        await producer.stop()

@@ -87,7 +87,9 @@ def test_no_5xx_and_no_schema_violation_on_any_operation(
            "--max-examples", str(MAX_EXAMPLES), "--seed", "20260105",
            "--phases", os.environ.get("KAIROS_SCHEMATHESIS_PHASES", "examples,coverage,fuzzing"),
            "--mode", os.environ.get("KAIROS_SCHEMATHESIS_MODE", "all"),
-           "--generation-database", "none", "--workers", "2", "--request-timeout", "20",
+           # one worker: with two, hypothesis's lambda descriptions (shared, not thread-safe)
+           # once crashed schemathesis itself (an AssertionError inside its coverage phase)
+           "--generation-database", "none", "--workers", "1", "--request-timeout", "20",
            "--no-color", "--suppress-health-check", "all", "--warnings", "off"]
     report = Path(os.environ.get("KAIROS_SCHEMATHESIS_OUT", tmp_path / "schemathesis.txt"))
     with report.open("w") as out:

@@ -8,7 +8,10 @@ and the publish loses nothing: the next relay of that source publishes what is l
 
 Published rows are kept for a replay window so a broker that comes back empty can be
 refilled (``replay``, run by ``shared.refill``); consumers' idempotency makes the
-replay harmless. A row that can never be published (over the event limit) is set aside
+replay harmless. A refill also marks the rows in flight (sent, not yet marked: the old
+broker may have acknowledged them just before it died) by counting its pass in
+``replays``; a relay marks only rows whose count is still the one it read, so those are
+sent again too. A row that can never be published (over the event limit) is set aside
 with its reason (``dead_reason``) and a dead letter, never blocking the rows behind it.
 """
 
@@ -107,6 +110,7 @@ class Row:
     key: str
     payload: bytes
     seq: int | None = None
+    replays: int = 0  # refills that marked it, when it was read (0: just inserted)
 
 
 @dataclass
@@ -262,9 +266,9 @@ class OutboxRelay:
                                     {"k": lock_key(self.source)})
             if not got:
                 return 0
-            rows = [Row(r.event_id, r.topic, r.key, bytes(r.payload), r.seq)
+            rows = [Row(r.event_id, r.topic, r.key, bytes(r.payload), r.seq, r.replays)
                     for r in (await conn.execute(
-                        text("SELECT seq, event_id, topic, key, payload FROM outbox"
+                        text("SELECT seq, event_id, topic, key, payload, replays FROM outbox"
                              " WHERE source = :s AND published_at IS NULL"
                              " AND dead_reason IS NULL ORDER BY seq LIMIT :n"),
                         {"s": self.source, "n": self._batch})).all()]
@@ -276,16 +280,21 @@ class OutboxRelay:
             raise failure
         return len(sent) + len(dead)
 
-    async def _mark(self, conn: AsyncConnection, sent: list[str],
+    async def _mark(self, conn: AsyncConnection, sent: list[Row],
                     dead: list[tuple[Row, str]]) -> None:
-        if sent:
+        # a row a refill marked since it was read stays unpublished: the send may have
+        # gone to the broker that died (sent again, harmlessly, if it did not)
+        by_replays: dict[int, list[str]] = {}
+        for r in sent:
+            by_replays.setdefault(r.replays, []).append(r.event_id)
+        for replays, ids in by_replays.items():
             await conn.execute(
-                text("UPDATE outbox SET published_at = now() WHERE event_id = ANY(:e)"),
-                {"e": sent})
+                text("UPDATE outbox SET published_at = now() WHERE event_id = ANY(:e)"
+                     " AND replays = :r"), {"e": ids, "r": replays})
         for row, reason in dead:
             await self._set_aside(conn, row, reason)
 
-    async def _send(self, rows: Sequence[Row]) -> tuple[list[str], list[tuple[Row, str]],
+    async def _send(self, rows: Sequence[Row]) -> tuple[list[Row], list[tuple[Row, str]],
                                                          Exception | None]:
         limit = self._producer.max_event_bytes
         futures: list[tuple[Row, asyncio.Future[Any]]] = []
@@ -304,10 +313,10 @@ class OutboxRelay:
                     break  # the rest wait for the next try, in order
                 dead.append((r, repr(exc)[:500]))
         results = await asyncio.gather(*(f for _, f in futures), return_exceptions=True)
-        sent: list[str] = []
+        sent: list[Row] = []
         for (r, _), res in zip(futures, results, strict=True):
             if not isinstance(res, BaseException):
-                sent.append(r.event_id)
+                sent.append(r)
                 metrics.PUBLISHED.labels(self.source, r.topic).inc()
             elif isinstance(res, Exception) and is_transient(res):
                 failure = failure or res
@@ -342,12 +351,14 @@ class OutboxRelay:
 
 async def replay(engine: AsyncEngine | AsyncConnection, since: datetime,
                  skip_topics: Sequence[str] = NOT_REPLAYED) -> int:
-    """Mark rows published since ``since`` for publishing again (refill an empty broker),
-    every source's, less ``skip_topics`` and rows set aside; wakes each source's relay."""
+    """Mark rows stored since ``since`` for publishing again (refill an empty broker),
+    every source's, less ``skip_topics`` and rows set aside; wakes each source's relay.
+    Rows not yet marked published are counted too (``replays``): one in flight now is
+    sent again rather than marked published by a relay that sent it to the old broker."""
     async def run(conn: AsyncConnection) -> int:
         res = await conn.execute(
-            text("UPDATE outbox SET published_at = NULL WHERE created_at >= :t"
-                 " AND published_at IS NOT NULL AND dead_reason IS NULL"
+            text("UPDATE outbox SET published_at = NULL, replays = replays + 1"
+                 " WHERE created_at >= :t AND dead_reason IS NULL"
                  " AND topic <> ALL(:skip) RETURNING source"),
             {"t": since, "skip": list(skip_topics)})
         sources = [r.source for r in res]

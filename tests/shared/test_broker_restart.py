@@ -20,7 +20,7 @@ from shared.bus import Consumer, ConsumerOptions, Producer, ensure_topics
 from shared.config import CommonSettings
 from shared.db import make_engine
 from shared.events import Binding, BindingAction, Envelope, Event, JobState, JobStatus
-from shared.outbox import OutboxRelay, add_to_outbox
+from shared.outbox import OutboxRelay, add_many, add_to_outbox
 from shared.refill import BrokerWatch
 from shared.retry import retry_transient
 from shared.topics import BINDINGS, JOBS_STATUS
@@ -163,6 +163,55 @@ async def test_an_empty_broker_is_refilled_from_the_outbox_but_for_bindings(
         async with engine.connect() as conn:
             assert await conn.scalar(text(
                 "SELECT count(*) FROM outbox WHERE published_at IS NULL")) == 0
+    finally:
+        await watch._close_reader()
+        await producer.stop()
+
+
+@pytest.mark.parametrize("path", ["relay-loop", "stored"])
+async def test_a_send_the_dead_broker_took_is_sent_again_after_the_refill(
+        own_broker: EmbeddedBroker, engine: AsyncEngine, db_url: str, path: str) -> None:
+    """The old broker acknowledges a row, dies, and the refill runs before the relay
+    marks the row published. Before: the mark landed after the refill's pass, so the row
+    stood published though no broker held it (a job accepted and never queued, seen in
+    the chaos slice's broker restart). Now the refill counts rows in flight, the relay's
+    mark skips them, and the row goes to the new broker."""
+    boot = own_broker.bootstrap
+    await ensure_topics(boot, max_partitions=4)
+    producer = Producer(boot, "admission")
+    await producer.start()
+    relay = OutboxRelay(engine, producer, db_url, timedelta(hours=1))
+    watch = BrokerWatch(settings(boot, db_url, "admission"), engine, producer)
+    send = relay._send
+
+    async def send_then_the_broker_dies(rows):  # type: ignore[no-untyped-def]
+        out = await send(rows)  # acknowledged by the broker that is about to die
+        restart(own_broker)
+        assert await retry_transient(watch.check, "test")  # the refill, before the mark
+        return out
+
+    try:
+        assert not await watch.check()
+        relay._send = send_then_the_broker_dies  # type: ignore[method-assign]
+        if path == "relay-loop":
+            async with engine.begin() as conn:
+                await add_to_outbox(conn, status("race", "accepted"), "admission", "st-race")
+            assert await relay.publish_pending() == 1
+        else:
+            async with relay.exclusive():
+                async with engine.begin() as conn:
+                    stored = await add_many(conn, [(Envelope.wrap(
+                        status("race", "accepted"), "admission", "st-race"), JOBS_STATUS.name)],
+                        "admission", notify=False)
+                await relay.publish_stored(stored)
+        relay._send = send  # type: ignore[method-assign]
+        async with engine.connect() as conn:
+            row = (await conn.execute(text(
+                "SELECT published_at, replays FROM outbox WHERE event_id = 'st-race'"))).one()
+        assert (row.published_at, row.replays) == (None, 1)  # still to publish, once more
+        assert await relay.publish_pending() == 1
+        got = await read_all(boot, JOBS_STATUS.name, 1)
+        assert [e.id for e in got] == ["st-race"]  # the new broker has it
     finally:
         await watch._close_reader()
         await producer.stop()

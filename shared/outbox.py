@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -59,6 +59,10 @@ _INSERT_MANY = text(
     " FROM unnest(CAST(:i AS text[]), CAST(:t AS text[]), CAST(:k AS text[]),"
     " CAST(:p AS bytea[]), CAST(:d AS text[])) WITH ORDINALITY AS u(i, t, k, p, d, n)"
     " ORDER BY n ON CONFLICT (event_id) DO NOTHING RETURNING event_id")
+# the longest a relay waits for the broker to acknowledge a batch: aiokafka gives up on a
+# request after 40 s, but a delivery can wait forever once its broker died
+# (aio-libs/aiokafka#1101); the rows it holds up are sent again
+DELIVERY_TIMEOUT_S = 60.0
 _BEHIND = text("SELECT EXISTS (SELECT 1 FROM outbox WHERE source = :s"
                " AND published_at IS NULL AND dead_reason IS NULL)")
 
@@ -176,6 +180,7 @@ class OutboxRelay:
         self.source = source or producer.source
         self._wake = asyncio.Event()
         self._busy = asyncio.Lock()  # the loop and flush() of one process take turns
+        self.delivery_timeout_s = DELIVERY_TIMEOUT_S
 
     async def run(self) -> None:
         await retry_transient(self._run, f"{self.source}.outbox")
@@ -312,9 +317,15 @@ class OutboxRelay:
                     failure = exc
                     break  # the rest wait for the next try, in order
                 dead.append((r, repr(exc)[:500]))
-        results = await asyncio.gather(*(f for _, f in futures), return_exceptions=True)
+        if futures:
+            await asyncio.wait([f for _, f in futures], timeout=self.delivery_timeout_s)
         sent: list[Row] = []
-        for (r, _), res in zip(futures, results, strict=True):
+        for r, f in futures:
+            if not f.done():  # never acknowledged: not marked, so sent again
+                failure = failure or KafkaTimeoutError(
+                    f"no acknowledgement in {self.delivery_timeout_s:g} s")
+                continue
+            res = f.exception() or f.result()
             if not isinstance(res, BaseException):
                 sent.append(r)
                 metrics.PUBLISHED.labels(self.source, r.topic).inc()

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import importlib.metadata
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -33,6 +34,15 @@ def run_main(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
         asyncio.run(main())
         return
     uvloop.run(main())
+
+
+def dump_tasks() -> None:
+    """Print every task's stack to stderr (the service's log): ``kill -USR1 <pid>`` shows
+    where a service that stopped making progress is waiting."""
+    for task in asyncio.all_tasks():
+        print(f"--- task {task.get_name()}: {task.get_coro()!r}", file=sys.stderr)
+        task.print_stack(limit=30, file=sys.stderr)
+    sys.stderr.flush()
 
 
 def _version() -> str:
@@ -104,6 +114,7 @@ class ServiceRuntime:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.stopping.set)
+        loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
         self.http = http
         if http is not None:
             await http.start()

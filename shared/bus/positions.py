@@ -3,6 +3,7 @@ beginning of a log that ends before the position (the broker lost it)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from aiokafka import AIOKafkaConsumer
@@ -18,17 +19,22 @@ class PositionWatcher:
     """Checks the positions of one consumer at most once every ``every_s``."""
 
     def __init__(self, consumer: AIOKafkaConsumer, service: str, group_id: str,
-                 every_s: float = 1.0) -> None:
+                 every_s: float = 1.0, timeout_s: float = 10.0) -> None:
         self._consumer = consumer
         self._service = service
         self._group_id = group_id
         self._every_s = every_s
+        self._timeout_s = timeout_s
         self._checked_at = 0.0
 
     async def watch(self) -> None:
         """Report lag and reset gone logs; a broker that does not answer only skips it."""
         try:
-            await self._check()
+            # bounded: ``position`` waits for a partition's offset, which a consumer whose
+            # group coordinator died may never get; the consumer loop must not wait with it
+            await asyncio.wait_for(self._check(), self._timeout_s)
+        except TimeoutError:
+            log.warning("lag check timed out", group=self._group_id, timeout_s=self._timeout_s)
         except (KafkaError, OSError) as exc:
             log.info("lag check failed", group=self._group_id, error=repr(exc)[:200])
 

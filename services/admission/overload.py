@@ -25,6 +25,11 @@ submit routes, before the body is read or a token looked up):
   ``max_intake_lag_s`` the platform is behind, and more work would only lengthen what
   every job waits: new submits are refused until it catches up.
 
+A job stuck behind for twice the bound has its submit event sent again (marked in the
+outbox for its relay): if that event was lost on the way (a broker that died with it),
+the platform heals instead of refusing every submit from then on; queueing takes a
+duplicate up once. It is sent again at most once per twice the bound.
+
 Nothing accepted is lost either way: a refusal stores nothing, and a client retries
 after ``Retry-After`` (with its Idempotency-Key, a retry is safe).
 """
@@ -47,6 +52,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from services.admission.ratelimit import REFUSED
 from services.admission.request_metrics import recording_status
 from services.admission.settings import AdmissionSettings
+from shared.logging import get_logger
+from shared.outbox import channel
+
+log = get_logger(__name__)
+SOURCE = "admission"  # the outbox source of submit events
 
 SUBMIT_PATHS = ("/v1/jobs", "/v1/environments")
 IN_FLIGHT = Gauge("kairos_admission_submits_in_flight", "Submits being handled now")
@@ -58,6 +68,12 @@ SUBMIT_SECONDS = Histogram(
     buckets=(.01, .025, .05, .1, .25, .5, .75, 1, 1.5, 2, 3, 5, 10, 30))
 INTAKE_LAG = Gauge("kairos_admission_intake_lag_seconds",
                    "Age of the oldest accepted job queueing has not taken up yet")
+# submit events of jobs behind for ``age`` seconds, published that long ago: send again
+_RESEND_STUCK = text("""UPDATE outbox SET published_at = NULL, replays = replays + 1
+    WHERE event_id IN (SELECT 'submitted-' || id FROM jobs WHERE state = 'pending'
+                       AND reason = 'accepted' AND submitted_at < now() - make_interval(secs => :age))
+      AND published_at < now() - make_interval(secs => :age) AND dead_reason IS NULL
+    RETURNING event_id""")
 _OLDEST_UNSEEN = text("""SELECT EXTRACT(EPOCH FROM now() - min(submitted_at)) FROM jobs
                          WHERE state = 'pending' AND reason = 'accepted'""")
 
@@ -159,11 +175,25 @@ class OverloadGuard:
         self.intake_lag_s = max(0.0, float(lag or 0.0))
         INTAKE_LAG.set(self.intake_lag_s)
 
+    async def resend_stuck(self, engine: AsyncEngine) -> list[str]:
+        """Send again the submit events of jobs behind for twice the bound (ids)."""
+        if not self.max_intake_lag_s or self.intake_lag_s <= 2 * self.max_intake_lag_s:
+            return []
+        async with engine.begin() as conn:
+            ids = list((await conn.execute(_RESEND_STUCK, {"age": 2 * self.max_intake_lag_s})).scalars())
+            if ids:
+                await conn.execute(text(f"NOTIFY {channel(SOURCE)}"))
+        if ids:
+            log.warning("accepted jobs not taken up: their submit events are sent again",
+                        events=ids[:20], count=len(ids), lag_s=round(self.intake_lag_s, 1))
+        return ids
+
     async def watch(self, engine: AsyncEngine) -> None:
         """The service loop that keeps ``intake_lag_s`` current."""
         while True:
             started = time.monotonic()
             await self.sample(engine)
+            await self.resend_stuck(engine)
             await asyncio.sleep(max(0.0, self.sample_s - (time.monotonic() - started)))
 
 

@@ -167,3 +167,27 @@ async def test_a_client_gone_while_it_waits_leaves_no_slot_behind() -> None:
     assert guard.in_flight == 1
     guard.release()
     assert guard.in_flight == 0 and guard.waiting == 0
+
+
+async def test_a_job_behind_twice_the_bound_has_its_submit_event_sent_again(db_url: str) -> None:
+    """Its event may have died with a broker: it is marked for the relay again, once per
+    twice the bound; a job just behind, or one taken up, is left alone."""
+    async with gateway(db_url, max_submits_in_flight=0, max_intake_lag_s=30) as gw:
+        guard: OverloadGuard = gw.app.state.overload
+        tok = await gw.token("vision")
+        stuck = await gw.submit(tok)
+        await gw.submit(tok)  # another, just accepted
+        async with gw.engine.begin() as conn:
+            await conn.execute(text("UPDATE outbox SET published_at = now() - interval '2 min'"))
+            await conn.execute(text("UPDATE jobs SET submitted_at = now() - interval '2 min'"
+                                    " WHERE id = :j"), {"j": stuck})
+        await guard.sample(gw.engine)
+        assert await guard.resend_stuck(gw.engine) == [f"submitted-{stuck}"]
+        async with gw.engine.connect() as conn:
+            rows = dict((await conn.execute(text(
+                "SELECT event_id, replays FROM outbox WHERE published_at IS NULL"))).all())
+        assert rows == {f"submitted-{stuck}": 1}
+        async with gw.engine.begin() as conn:  # the relay sent it again just now
+            await conn.execute(text("UPDATE outbox SET published_at = now()"
+                                    " WHERE published_at IS NULL"))
+        assert await guard.resend_stuck(gw.engine) == []  # not again before 60 s

@@ -108,42 +108,56 @@ def gittins_rank(samples: Sequence[float], done: float) -> float | None:
     Scully et al. 2018). Tight history gives the time left (SRPT on the estimate); a
     spread of short and long gives the chance of finishing soon its due, so a job that
     has run past the short ones ranks behind fresh ones (least attained service, as
-    Tiresias). None: the job outlived every sample (the caller's rule applies)."""
+    Tiresias). The chance to finish within q is taken two binomial standard deviations
+    below its share of samples: the minimum over quanta otherwise picks the few luckiest
+    samples (200 samples of an exponential law ranked it at half its mean, median
+    of 400 draws; with the bound, at its mean, and never below 0.76 of it). None: the job outlived every sample."""
     s = _sorted(samples)
     r = s[np.searchsorted(s, done, side="right"):] - done  # the same as sorting r[r > done]
     if not r.size:
         return None
-    k = np.arange(1, r.size + 1)
+    m = r.size
+    k = np.arange(1, m + 1)
     # q = the k-th shortest time left: E[min(left, q)] = (sum of the k shortest + (m-k) q) / m
-    return float(((np.cumsum(r) + (r.size - k) * r) / k).min())
+    # over P(left <= q) = k / m, taken two binomial standard deviations below: the minimum
+    # over every quantum otherwise picks the few luckiest short samples
+    sure = k - 2.0 * np.sqrt(k * (1.0 - k / m))
+    return float(((np.cumsum(r) + (m - k) * r) / np.maximum(sure, 1e-9)).min())
 
 
-# sorted copies of recent sample tuples, by identity: jobs of one class share one tuple
-# (the history's), and a cycle ranks every running job of it again
-_SORTED: dict[int, tuple[Sequence[float], np.ndarray]] = {}
+# sorted copies of recent sample tuples (and their running sums), by identity: jobs of
+# one class share one tuple (the history's), and a cycle ranks every running job of it again
+_SORTED: dict[int, tuple[Sequence[float], np.ndarray, np.ndarray]] = {}
 
 
-def _sorted(samples: Sequence[float]) -> np.ndarray:
-    """``samples`` sorted, NaN dropped; kept for tuples only (a list may change)."""
+def _sorted_sums(samples: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """``samples`` sorted, NaN dropped, and their running sums from 0; kept for tuples
+    only (a list may change)."""
     hit = _SORTED.get(id(samples))
     if hit is not None and hit[0] is samples:
-        return hit[1]
+        return hit[1], hit[2]
     s = np.asarray(samples, dtype=float)
     s = np.sort(s[~np.isnan(s)])
+    sums = np.concatenate(([0.0], np.cumsum(s)))
     if isinstance(samples, tuple):
         if len(_SORTED) > 4096:
             _SORTED.clear()
-        _SORTED[id(samples)] = (samples, s)
-    return s
+        _SORTED[id(samples)] = (samples, s, sums)
+    return s, sums
+
+
+def _sorted(samples: Sequence[float]) -> np.ndarray:
+    return _sorted_sums(samples)[0]
 
 
 def mean_left(samples: Sequence[float], done: float) -> float | None:
     """Expected seconds left of a job that has run ``done``, its duration drawn from
     ``samples``: the mean of what the longer ones ran past ``done`` (the work a queue
     holds; the median understates it under heavy tails). None: it outlived them all."""
-    r = np.asarray(samples, dtype=float)
-    r = r[r > done]
-    return float(r.mean() - done) if r.size else None
+    s, sums = _sorted_sums(samples)
+    i = int(np.searchsorted(s, done, side="right"))
+    n = len(s) - i
+    return float((sums[-1] - sums[i]) / n - done) if n else None
 
 
 def _left(pool: Sequence[float] | None, ran_s: float) -> np.ndarray | None:

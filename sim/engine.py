@@ -142,6 +142,8 @@ class Simulation:
         self.waiting: Counter[int] = Counter()  # pending jobs by GPU count
         self.ticking = False
         self.next_cycle = 0.0
+        # running jobs' next checkpoints: (time, job, epoch); the core sees the last one
+        self.checkpoints: list[tuple[float, str, int]] = []
 
     # --- events ---------------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: object) -> None:
@@ -268,10 +270,23 @@ class Simulation:
     def snapshot(self, now: float) -> Snapshot:
         """What the core sees now (C-level gathers: thousands of jobs wait on an
         overloaded cluster)."""
+        self._checkpointed(now)
         allocs = tuple(chain.from_iterable(map(_ALLOCS, self.runs.values())))
         running = tuple(filter(None, map(_RUNNING, self.runs.values())))
         pending = tuple(map(_REQUEST, self.pending.values()))
         return Snapshot(now, self.nodes, allocs, pending, running)
+
+    def _checkpointed(self, now: float) -> None:
+        """Tell the core of the checkpoints running jobs passed (what a stop keeps)."""
+        heap, every = self.checkpoints, self.s.checkpoint_s
+        while heap and heap[0][0] <= now:
+            _, job_id, epoch = heapq.heappop(heap)
+            jr = self.runs.get(job_id)
+            if jr is None or jr.epoch != epoch or jr.running is None:
+                continue
+            last = jr.start + jr.restore + ((now - jr.start - jr.restore) // every) * every
+            jr.running = replace(jr.running, last_checkpoint_time=last)
+            heapq.heappush(heap, (last + every, job_id, epoch))
 
     def _cycle(self, now: float) -> None:
         self._apply(self.sched.schedule(self.snapshot(now)), now)
@@ -299,4 +314,6 @@ class Simulation:
             jr.restore = self.s.restore_s if jr.request.attempt > 1 else 0.0
             jr.running = RunningJob(jr.request, now, None)
             self.runs[job_id] = jr
+            if self.s.checkpoint_s > 0:
+                heapq.heappush(self.checkpoints, (now + jr.restore + self.s.checkpoint_s, job_id, jr.epoch))
             self._push(now + jr.restore + jr.remaining_s, _FINISH, (job_id, jr.epoch))

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from scheduling import jobcols as jc
 from scheduling.arrays import BoolArray, FloatArray
-from scheduling.estimates import expected_left, gittins_rank
+from scheduling.estimates import expected_left, gittins_rank, mean_left
 from scheduling.framework import Cycle, JobInfo, JobPriorities, Plugin, register
 from scheduling.model import JobRequest, PreemptReason
 from scheduling.plugins.ordering import UNKNOWN_S, waited
@@ -34,6 +34,9 @@ class SrptArgs(BaseModel):
     preempt: bool = True
     preempt_ratio: float = Field(4.0, ge=1, description="a victim must have this many times more "
                                  "expected service left than the preemptor")
+    pay: bool = Field(False, description="a victim's stop must cost it less time (work since its "
+                      "checkpoint, plus the restore) than the preemptor would wait for running jobs to end")
+    restore_s: float = Field(60.0, ge=0, description="a restart's cost, beside the work lost")
 
 
 @dataclass(slots=True)
@@ -42,6 +45,9 @@ class _SrptVictims:
 
     theirs: FloatArray | None = None  # each running job's expected service left (or Gittins rank)
     fresh: BoolArray | None = None  # each running job did not starve before it started
+    cost: FloatArray | None = None  # seconds each running job would lose if stopped now
+    ends: FloatArray | None = None  # running jobs' expected ends (s from now), soonest first
+    freed: FloatArray | None = None  # GPUs freed by then, cumulative
 
 
 @register
@@ -105,12 +111,24 @@ class Srpt(Plugin):
             done = (cycle.now - rt.start) + np.where(rt.gpus > 0, rt.attained / np.maximum(rt.gpus, 1e-9), 0.0)
             left_run = expected_left(np.where(np.isinf(rt.estimate), np.nan, rt.estimate), done, a.unknown_s,
                                      a.overrun)
+            left_est = left_run.copy()
             if a.rank == "gittins":
                 for i, r in enumerate(cycle.running):
                     g = gittins_rank(r.job.runtime_samples, float(done[i])) if r.job.runtime_samples else None
                     if g is not None:
                         left_run[i] = g
             theirs = memo.theirs = self._service(left_run, rt.gpus)
+            if a.pay:
+                # the time a stop throws away, and when GPUs free up without one
+                memo.cost = cycle.now - np.maximum(rt.start, cycle.run_cols[5]) + a.restore_s
+                # the mean time left (the median estimate understates a heavy tail's)
+                mean = left_est.copy()
+                for i, r in enumerate(cycle.running):
+                    m = mean_left(r.job.runtime_samples, float(done[i])) if r.job.runtime_samples else None
+                    if m is not None:
+                        mean[i] = m
+                order = np.argsort(mean, kind="stable")
+                memo.ends, memo.freed = mean[order], np.cumsum(rt.gpus[order])
         est: float = info.job.runtime_estimate_s  # known: checked above
         ran = info.job.attained_service_s / info.gpus if info.gpus else 0.0
         left = est - ran if ran < est else max(a.overrun * ran, 1.0)  # expected_left, of one job
@@ -118,6 +136,12 @@ class Srpt(Plugin):
         left = left if g is None else g
         mine = left * max(info.gpus, 1e-3) if a.by == "gpu_time" else left
         ok = theirs > a.preempt_ratio * mine
+        if memo.cost is not None and memo.ends is not None and memo.freed is not None:
+            # a stop pays for itself when the victim loses less than the preemptor gains:
+            # summed over victims freeing its GPUs, GPU-seconds lost < GPU-seconds it waits
+            k = int(np.searchsorted(memo.freed, info.gpus))
+            wait = memo.ends[k] if k < len(memo.ends) else math.inf
+            ok &= memo.cost < wait
         prios = cycle.get(JobPriorities)
         if prios is not None:
             # a job that starved before it started is not stopped for shorter work: it would

@@ -132,3 +132,24 @@ def test_allocations_without_running_jobs_are_never_victims() -> None:
         Snapshot(now=0.0, nodes=nodes, allocations=held, pending=(urgent,)))
     assert plan.binds == [] and plan.preemptions == []
     assert "URGENT" in plan.pending
+
+
+@pytest.mark.parametrize(
+    ("started", "estimate", "checkpoint", "stopped"),
+    [
+        (900.0, 100_000.0, None, True),  # loses 100 s (+ the restore); short waits ~28 h else
+        (-49_000.0, 60_000.0, None, False),  # would lose 14 h of work to save short 2.8 h
+        (-49_000.0, 60_000.0, 900.0, True),  # checkpointed 100 s ago: loses little
+    ],
+    ids=["fresh-victim", "no-checkpoint-for-hours", "checkpointed"],
+)
+def test_srpt_stops_a_job_only_when_the_stop_pays_for_itself(
+        started: float, estimate: float, checkpoint: float | None, stopped: bool) -> None:
+    """srpt ``pay``: the victim's loss (work since its checkpoint, the restore) must be
+    less than the preemptor's wait for running jobs to end, else it runs on."""
+    w = world(1, "gang", ("srpt", {"pay": True}), "binpack")
+    w.start(job("long").gpus(8).estimate(estimate), at=started, checkpoint=checkpoint,
+            n0=list(range(8)))
+    plan = w.submit(job("short").gpus(8).estimate(100)).step()
+    assert [(p.job_id, p.reason) for p in plan.preemptions] == (
+        [("long", PreemptReason.SRTF)] if stopped else [])

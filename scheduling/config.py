@@ -87,8 +87,8 @@ DEFAULT_PLUGINS: tuple[PluginSpec, ...] = (
     # JCT; Philly 64 x 8: 6.29 h -> 6.24 h; bench/results/sim_robust.json)
     # pay: a job is stopped for shorter work only when what it loses (work since its
     # checkpoint, the restore) is less than the time the shorter job would otherwise wait
-    # for running jobs to end (syn-exp-steady-1t 1.16 -> 0.58 x Tiresias, Philly 64 x 8
-    # 0.707 -> 0.694; bench/results/sim_robust.json)
+    # for running jobs to end (syn-exp-steady-1t 1.16 -> 0.62 x Tiresias, Philly 64 x 8
+    # 0.707 -> 0.701, with the Gittins bound below; bench/results/sim_robust.json)
     _spec("srpt", by="time", rank="gittins", pay=True),
     _spec("fairshare"),
     _spec("nodeaffinity"),

@@ -88,7 +88,7 @@ DEFAULT_PLUGINS: tuple[PluginSpec, ...] = (
     # pay: a job is stopped for shorter work only when what it loses (work since its
     # checkpoint, the restore) is less than the time the shorter job would otherwise wait
     # for running jobs to end (syn-exp-steady-1t 1.16 -> 0.62 x Tiresias, Philly 64 x 8
-    # 0.707 -> 0.701, with the Gittins bound below; bench/results/sim_robust.json)
+    # 0.707 -> 0.701, with the Gittins rank's binomial bound; bench/results/sim_robust.json)
     _spec("srpt", by="time", rank="gittins", pay=True),
     _spec("fairshare"),
     _spec("nodeaffinity"),

@@ -188,6 +188,11 @@ class LeaderLease(Election):
             return True
         return False
 
+    def valid(self) -> bool:
+        """The lease still holds by this process's clock (which runs on while it is
+        paused): past it, another may lead, even before a renewal says so."""
+        return time.monotonic() < self._valid_until
+
     async def _give_up(self, conn: Any) -> None:
         await conn.execute(_EXPIRE, self.name, self.epoch)
 

@@ -40,8 +40,15 @@ def dump_tasks() -> None:
     """Print every task's stack to stderr (the service's log): ``kill -USR1 <pid>`` shows
     where a service that stopped making progress is waiting."""
     for task in asyncio.all_tasks():
-        print(f"--- task {task.get_name()}: {task.get_coro()!r}", file=sys.stderr)
-        task.print_stack(limit=30, file=sys.stderr)
+        print(f"--- task {task.get_name()}", file=sys.stderr)
+        # the await chain, outermost first (a task's own stack shows only its top frame)
+        coro: Any = task.get_coro()
+        while coro is not None:
+            frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+            if frame is not None:
+                print(f"    {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}",
+                      file=sys.stderr)
+            coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
     sys.stderr.flush()
 
 

@@ -7,6 +7,7 @@ import json
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -87,8 +88,14 @@ class SchedulerService:
     SOURCE = "scheduler"
 
     def __init__(self, rt: ServiceRuntime, engine: AsyncEngine, state: SchedulerState,
-                 history_first_read: int = 2000) -> None:
+                 history_first_read: int = 2000,
+                 lease_valid: Callable[[], bool] = lambda: True) -> None:
         self.rt = rt
+        # checked before a batch's offsets are committed: a leader that resumes past its
+        # lease may find nothing of its own to store (the events are of jobs the new
+        # leader placed, unknown to it), so the write fence alone would let it commit
+        # them, and the new leader would never read them
+        self.lease_valid = lease_valid
         self.history_first_read = history_first_read  # succeeded jobs the history starts from
         self.engine = engine
         self.state = state
@@ -136,9 +143,13 @@ class SchedulerService:
             await self._flush()
 
     async def flush(self) -> None:
-        """After each batch: run a cycle if anything changed, store, then publish."""
+        """After each batch: run a cycle if anything changed, store, then publish; the
+        batch is committed after, so a leader whose lease ran out raises instead."""
         async with self._flushing:
             await self._flush()
+        if not self.lease_valid():
+            raise LeadershipLost("the lease ran out by this process's clock (paused past "
+                                 "it?): this batch is left for the next leader")
 
     async def _flush(self) -> None:
         t0 = time.perf_counter()
@@ -227,7 +238,7 @@ async def main(settings: SchedulerSettings | None = None) -> None:
     EPOCH.set(epoch)
     history = JobHistory() if settings.history_estimates else None
     svc = SchedulerService(rt, rt.engine, SchedulerState(epoch, load_placer(settings).schedule, history),
-                           settings.history_first_read)
+                           settings.history_first_read, lease.valid)
     await svc.load()
     await svc.relay.flush()  # what the last leader stored but had not published yet
     svc.state.republish(svc.out)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import uuid
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
@@ -20,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from scheduling import first_fit
 from services.scheduler.main import LeadershipLost, SchedulerService
 from services.scheduler.state import Output, SchedulerState
-from shared.bus import Producer
+from shared.bus import Consumer, ConsumerOptions, Producer, ensure_topics
 from shared.config import CommonSettings
 from shared.db import make_engine
 from shared.events import (
@@ -199,3 +200,54 @@ def test_a_task_its_agent_fenced_requeues_without_spending_the_jobs_retries() ->
                             node_id=p.node_id, reason="fenced: lease not renewed for 7s"))
     states = [e.data["state"] for e, t in out.events if t == JOBS_STATUS.name]
     assert "failed" not in states and "admitted" in states and s.jobs["F"].node_losses == 1
+
+
+@pytest.mark.broker
+async def test_a_leader_resumed_past_its_lease_leaves_its_batch_for_the_next(
+        engine: AsyncEngine, db_url: str, broker: str) -> None:
+    """A leader paused past its lease resumes holding its partitions for a moment and
+    reads task ends of jobs the new leader placed: unknown to it, they store nothing, so
+    the write fence never fired and it committed them; the new leader never read them
+    and the jobs stayed running (seen in `make chaos`, pause_scheduler_leader_past_lease:
+    12 jobs). Now the batch is not committed: the next member of the group reads it."""
+    await ensure_topics(broker, max_partitions=4)
+    settings = CommonSettings(service_name="scheduler", kafka_bootstrap=broker, database_url=db_url,
+                              retry_backoff_s=0.01, session_timeout_ms=6000,
+                              heartbeat_interval_ms=500, rebalance_timeout_ms=6000)
+    producer = Producer(broker, "agent")
+    await producer.start()
+    group = "fence-" + uuid.uuid4().hex[:8]
+    job = "placed-by-new-" + uuid.uuid4().hex[:8]
+    try:
+        await producer.publish(task_done(job, "w-0", JobState.SUCCEEDED, "n1"))
+        old = service(engine, db_url, epoch=1, producer=producer)
+        old.lease_valid = lambda: False  # resumed past its lease, by its own clock
+        stale = Consumer(settings, ConsumerOptions(group, [JOBS_STATUS.name]), old.handle,
+                         producer, on_batch_end=old.flush)
+        await stale.start()
+        try:
+            with pytest.raises(LeadershipLost):
+                await asyncio.wait_for(stale.run(), 60)
+        finally:
+            await stale.stop()
+        seen: list[str] = []
+
+        async def record(env: object, event: object) -> None:
+            if isinstance(event, JobStatus) and event.job_id == job:
+                seen.append(event.job_id)
+
+        nxt = Consumer(settings, ConsumerOptions(group, [JOBS_STATUS.name]), record, producer)
+        await nxt.start()
+        task = asyncio.create_task(nxt.run())
+        try:
+            async with asyncio.timeout(60):
+                while not seen:
+                    await asyncio.sleep(0.05)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await nxt.stop()
+        assert seen == [job]
+    finally:
+        await producer.stop()

@@ -142,8 +142,9 @@ class RunTable:
         c = cycle.run_cols  # (RUN_FIELDS, running jobs): RunningInfo.table_row, gathered
         self.static, self.gpus, self.start, self.attained, self.estimate = (c[k] for k in range(5))
         self.demand = c[8:11].T
-        # GPU-seconds since the last checkpoint (or start): lost if stopped now
-        self.lost = self.gpus * np.maximum(0.0, now - np.maximum(self.start, c[5]))
+        # seconds since the last checkpoint (or start), and the GPU-seconds lost if stopped now
+        self.since_checkpoint = np.maximum(0.0, now - np.maximum(self.start, c[5]))
+        self.lost = self.gpus * self.since_checkpoint
         self.protected = (c[6] > 0) | (now - self.start < c[7])
         # how long each waited before its current start (less earlier runs, as ``waited``)
         ran = np.where(self.gpus > 0, self.attained / np.maximum(self.gpus, 1e-9), 0.0)

@@ -61,7 +61,7 @@ def waited(cycle: Cycle) -> FloatArray:
     return out
 
 
-def _mean_left(jobs: Sequence[JobRequest], done: FloatArray, left: FloatArray) -> FloatArray:
+def with_mean_left(jobs: Sequence[JobRequest], done: FloatArray, left: FloatArray) -> FloatArray:
     """``left`` with the mean time left over the job's similar jobs where it has them."""
     out = left.copy()
     for i, job in enumerate(jobs):
@@ -83,13 +83,13 @@ def fifo_ahead(cycle: Cycle, jobs: Sequence[JobInfo]) -> tuple[FloatArray, Float
     gpus = c[jc.GPUS]
     done = np.where(gpus > 0, c[jc.ATTAINED] / np.maximum(gpus, 1e-9), 0.0)
     subs = [c[jc.SUBMIT]]
-    works = [_mean_left([i.job for i in jobs], done, expected_left(c[jc.ESTIMATE], done, UNKNOWN_S, 1.0)) * gpus]
+    works = [with_mean_left([i.job for i in jobs], done, expected_left(c[jc.ESTIMATE], done, UNKNOWN_S, 1.0)) * gpus]
     if cycle.running:
         rt = cycle.runs()
         ran = (cycle.now - rt.start) + np.where(rt.gpus > 0, rt.attained / np.maximum(rt.gpus, 1e-9), 0.0)
         est = np.where(np.isinf(rt.estimate), np.nan, rt.estimate)
         subs.append(cycle.run_cols[11])
-        left = _mean_left([r.job for r in cycle.running], ran, expected_left(est, ran, UNKNOWN_S, 1.0))
+        left = with_mean_left([r.job for r in cycle.running], ran, expected_left(est, ran, UNKNOWN_S, 1.0))
         works.append(left * rt.gpus)
     sub, work = np.concatenate(subs), np.concatenate(works)
     order = np.argsort(sub, kind="stable")
@@ -139,7 +139,7 @@ class Priority(Plugin):
         done = np.where(gpus > 0, c[jc.ATTAINED] / np.maximum(gpus, 1e-9), 0.0)
         left = expected_left(c[jc.ESTIMATE], done, UNKNOWN_S, 1.0)
         if jobs is not None:
-            left = _mean_left([i.job for i in jobs], done, left)
+            left = with_mean_left([i.job for i in jobs], done, left)
         work = float((left * gpus).sum())
         if cycle.running:
             rt = cycle.runs()
@@ -147,7 +147,7 @@ class Priority(Plugin):
             est = np.where(np.isinf(rt.estimate), np.nan, rt.estimate)
             left = expected_left(est, ran, UNKNOWN_S, 1.0)
             if jobs is not None:
-                left = _mean_left([r.job for r in cycle.running], ran, left)
+                left = with_mean_left([r.job for r in cycle.running], ran, left)
             work += float((left * rt.gpus).sum())
         return work / cycle.capacity.gpu
 

@@ -14,10 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from scheduling import jobcols as jc
 from scheduling.arrays import BoolArray, FloatArray
-from scheduling.estimates import expected_left, gittins_rank, mean_left
+from scheduling.estimates import expected_left, gittins_rank
 from scheduling.framework import Cycle, JobInfo, JobPriorities, Plugin, register
 from scheduling.model import JobRequest, PreemptReason
-from scheduling.plugins.ordering import UNKNOWN_S, waited
+from scheduling.plugins.ordering import UNKNOWN_S, waited, with_mean_left
 
 
 class SrptArgs(BaseModel):
@@ -120,13 +120,9 @@ class Srpt(Plugin):
             theirs = memo.theirs = self._service(left_run, rt.gpus)
             if a.pay:
                 # the time a stop throws away, and when GPUs free up without one
-                memo.cost = cycle.now - np.maximum(rt.start, cycle.run_cols[5]) + a.restore_s
+                memo.cost = rt.since_checkpoint + a.restore_s
                 # the mean time left (the median estimate understates a heavy tail's)
-                mean = left_est.copy()
-                for i, r in enumerate(cycle.running):
-                    m = mean_left(r.job.runtime_samples, float(done[i])) if r.job.runtime_samples else None
-                    if m is not None:
-                        mean[i] = m
+                mean = with_mean_left([r.job for r in cycle.running], done, left_est)
                 order = np.argsort(mean, kind="stable")
                 memo.ends, memo.freed = mean[order], np.cumsum(rt.gpus[order])
         est: float = info.job.runtime_estimate_s  # known: checked above

@@ -49,6 +49,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from services.admission.arrays import SOURCE
 from services.admission.ratelimit import REFUSED
 from services.admission.request_metrics import recording_status
 from services.admission.settings import AdmissionSettings
@@ -56,7 +57,6 @@ from shared.logging import get_logger
 from shared.outbox import channel
 
 log = get_logger(__name__)
-SOURCE = "admission"  # the outbox source of submit events
 
 SUBMIT_PATHS = ("/v1/jobs", "/v1/environments")
 IN_FLIGHT = Gauge("kairos_admission_submits_in_flight", "Submits being handled now")

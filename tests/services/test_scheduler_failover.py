@@ -35,6 +35,7 @@ from shared.events import (
 )
 from shared.topics import JOBS_STATUS
 from tests.services.builders import node, ready, step
+from tests.shared.test_bus import consume_until
 
 pytestmark = pytest.mark.db
 
@@ -236,18 +237,8 @@ async def test_a_leader_resumed_past_its_lease_leaves_its_batch_for_the_next(
             if isinstance(event, JobStatus) and event.job_id == job:
                 seen.append(event.job_id)
 
-        nxt = Consumer(settings, ConsumerOptions(group, [JOBS_STATUS.name]), record, producer)
-        await nxt.start()
-        task = asyncio.create_task(nxt.run())
-        try:
-            async with asyncio.timeout(60):
-                while not seen:
-                    await asyncio.sleep(0.05)
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            await nxt.stop()
+        await consume_until(Consumer(settings, ConsumerOptions(group, [JOBS_STATUS.name]), record,
+                                     producer), lambda: bool(seen), timeout=60)
         assert seen == [job]
     finally:
         await producer.stop()

@@ -118,11 +118,13 @@ class Election(ABC):
         if conn is None or conn.is_closed():
             return
         try:
-            await asyncio.wait_for(self._give_up(conn), 3)
+            async with asyncio.timeout(3):
+                await self._give_up(conn)
         except Exception as exc:
             log.warning("leadership release failed", election=self.name, error=repr(exc)[:200])
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(conn.close(), 3)
+            async with asyncio.timeout(3):
+                await conn.close()
 
 
 _TAKE = """
@@ -173,8 +175,8 @@ class LeaderLease(Election):
             try:
                 conn = await self._connection(timeout_s=5)
                 started = time.monotonic()
-                renewed = await asyncio.wait_for(conn.fetchval(
-                    _RENEW, self.name, self.epoch, self.ttl_s), 5)
+                async with asyncio.timeout(5):
+                    renewed = await conn.fetchval(_RENEW, self.name, self.epoch, self.ttl_s)
             except Exception as exc:
                 if not is_transient(exc):
                     raise
@@ -216,7 +218,8 @@ class AdvisoryLock(Election):
         if conn is None or conn.is_closed():
             return False
         try:
-            await asyncio.wait_for(conn.fetchval("SELECT 1"), 3)
+            async with asyncio.timeout(3):
+                await conn.fetchval("SELECT 1")
             return True
         except Exception:
             return False

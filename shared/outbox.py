@@ -204,11 +204,13 @@ class OutboxRelay:
                     await self.purge()
                     last_purge = utcnow()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), 0.5)
+                    async with asyncio.timeout(0.5):
+                        await self._wake.wait()
                 self._wake.clear()
         finally:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(listener.close(), 2)
+                async with asyncio.timeout(2):
+                    await listener.close()
 
     def wake(self) -> None:
         self._wake.set()

@@ -54,7 +54,7 @@ class BrokerWatch:
         try:
             await retry_transient(self._loop, f"{self.settings.service_name}.broker_watch")
         finally:
-            await self._close_reader()
+            await self.close()
 
     async def _loop(self) -> None:
         while True:
@@ -129,7 +129,8 @@ class BrokerWatch:
             self._reader = reader
         return self._reader
 
-    async def _close_reader(self) -> None:
+    async def close(self) -> None:
+        """Stop the reader ``check`` opened (``run`` does it on its way out)."""
         if self._reader is not None:
             reader, self._reader = self._reader, None
             await reader.stop()

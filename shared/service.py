@@ -67,7 +67,8 @@ async def check_database(engine: AsyncEngine, timeout_s: float = 2.0) -> bool:
             await conn.execute(text("SELECT 1"))
 
     try:
-        await asyncio.wait_for(probe(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await probe()
         return True
     except Exception:
         return False
@@ -164,7 +165,8 @@ class ServiceRuntime:
             t.cancel()
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(t, step_timeout_s)
+                async with asyncio.timeout(step_timeout_s):
+                    await t
         steps: list[Awaitable[Any]] = [c.stop() for c in self.consumers]
         if self.http is not None:
             steps.append(self.http.stop())
@@ -173,7 +175,8 @@ class ServiceRuntime:
             steps.append(self.engine.dispose())
         for step in steps:
             try:
-                await asyncio.wait_for(step, step_timeout_s)
+                async with asyncio.timeout(step_timeout_s):
+                    await step
             except (TimeoutError, Exception) as exc:
                 log.warning("shutdown step did not finish cleanly", error=repr(exc))
         log.info("service stopped")

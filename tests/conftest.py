@@ -7,9 +7,13 @@ one answers on 127.0.0.1:5432, the system's too (CI machines have PostgreSQL 15)
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import shutil
+import signal
 import socket
 import tempfile
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -19,8 +23,36 @@ import pytest
 from kairos.embedded import EmbeddedBroker, EmbeddedPostgres
 from shared.bus import ensure_topics
 from shared.db import create_database, make_engine, migrate
+from shared.service import dump_tasks
 
 SYSTEM_PG = "postgresql+asyncpg://postgres@127.0.0.1:5432/{db}"
+DUMP_BEFORE_TIMEOUT_S = 15  # the await chains are printed this long before pytest-timeout fails
+
+
+def _dump_running_tasks(signum: int, frame: object) -> None:
+    with contextlib.suppress(RuntimeError):  # no loop running: a sync test, its stack suffices
+        dump_tasks()
+
+
+@pytest.fixture(autouse=True)
+def _await_chains_before_a_timeout(request: pytest.FixtureRequest) -> Iterator[None]:
+    """pytest-timeout prints the threads' stacks, where a hung async test shows only the
+    event loop's select(): print every asyncio task's await chain shortly before it, to
+    say what the test waits on (SIGUSR1 runs the dump in the main thread, in the loop)."""
+    marker = request.node.get_closest_marker("timeout")
+    timeout = float(marker.args[0]) if marker and marker.args else float(request.config.getini("timeout") or 0)
+    if timeout <= DUMP_BEFORE_TIMEOUT_S or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGUSR1, _dump_running_tasks)
+    timer = threading.Timer(timeout - DUMP_BEFORE_TIMEOUT_S, os.kill, (os.getpid(), signal.SIGUSR1))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGUSR1, previous)
 
 
 def _system_pg_up() -> bool:
@@ -80,3 +112,4 @@ async def db_url(pg_template: str) -> AsyncIterator[str]:
     async with admin.connect() as conn:
         await conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     await admin.dispose()
+

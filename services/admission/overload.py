@@ -134,7 +134,8 @@ class OverloadGuard:
         self._waiters.append(waiter)
         WAITING.set(len(self._waiters))
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), wait)
+            async with asyncio.timeout(wait):
+                await asyncio.shield(waiter)
         except TimeoutError:
             if waiter.done():  # a slot was handed over as the wait ran out: keep it
                 return None

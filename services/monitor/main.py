@@ -143,7 +143,8 @@ class MonitorReplica:
                 await task
         if consumer is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(consumer.stop(), 5)
+                async with asyncio.timeout(5):
+                    await consumer.stop()
         self.metrics.is_leader.set(0)
         self.metrics.clear_cluster()
 

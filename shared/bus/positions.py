@@ -32,7 +32,11 @@ class PositionWatcher:
         try:
             # bounded: ``position`` waits for a partition's offset, which a consumer whose
             # group coordinator died may never get; the consumer loop must not wait with it
-            await asyncio.wait_for(self._check(), self._timeout_s)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel that
+            # lands as its inner call ends (CPython gh-86296), and a consumer loop cancelled
+            # there ran on forever (a monitor standing down hung on it)
+            async with asyncio.timeout(self._timeout_s):
+                await self._check()
         except TimeoutError:
             log.warning("lag check timed out", group=self._group_id, timeout_s=self._timeout_s)
         except (KafkaError, OSError) as exc:

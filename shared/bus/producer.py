@@ -66,7 +66,8 @@ class Producer:
     async def reachable(self, timeout_s: float = 2.0) -> bool:
         """A metadata round trip to the broker succeeds (for /readyz)."""
         try:
-            await asyncio.wait_for(self._producer.client.fetch_all_metadata(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self._producer.client.fetch_all_metadata()
             return True
         except Exception:
             return False

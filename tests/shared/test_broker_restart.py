@@ -133,6 +133,7 @@ async def test_an_empty_broker_is_refilled_from_the_outbox_but_for_bindings(
     await producer.start()
     relay = OutboxRelay(engine, producer, db_url, timedelta(hours=1))
     watch = BrokerWatch(s, engine, producer)
+    other = BrokerWatch(settings(boot, db_url, "queueing"), engine, producer)
     resent: list[str] = []
 
     async def hook() -> None:
@@ -158,13 +159,13 @@ async def test_an_empty_broker_is_refilled_from_the_outbox_but_for_bindings(
         assert sorted(e.id for e in got) == ["st-0", "st-1", "st-2"]
         assert await read_all(boot, BINDINGS.name, 1, timeout=3) == []
         # a second watcher (another service) sees the same incarnation: no second refill
-        other = BrokerWatch(settings(boot, db_url, "queueing"), engine, producer)
         assert not await other.check() and other.incarnation == watch.incarnation
         async with engine.connect() as conn:
             assert await conn.scalar(text(
                 "SELECT count(*) FROM outbox WHERE published_at IS NULL")) == 0
     finally:
-        await watch._close_reader()
+        await watch.close()
+        await other.close()  # left open, its reader retried the stopped broker all session
         await producer.stop()
 
 
@@ -213,5 +214,5 @@ async def test_a_send_the_dead_broker_took_is_sent_again_after_the_refill(
         got = await read_all(boot, JOBS_STATUS.name, 1)
         assert [e.id for e in got] == ["st-race"]  # the new broker has it
     finally:
-        await watch._close_reader()
+        await watch.close()
         await producer.stop()

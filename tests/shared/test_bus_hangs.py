@@ -85,3 +85,34 @@ async def test_a_position_that_never_comes_does_not_stop_the_consumer_loop() -> 
                               every_s=0.0, timeout_s=0.2)
     await asyncio.wait_for(watcher.watch(), 10)  # returns: gave up on the check
     await asyncio.wait_for(watcher.watch(), 10)  # and the next check too
+
+
+class IdleConsumer(StuckConsumer):
+    """Nothing assigned: every check ends at once (a consumer between rebalances)."""
+
+    def assignment(self) -> set[Any]:
+        return set()
+
+
+async def test_a_loop_of_position_checks_stops_when_cancelled_at_any_step() -> None:
+    """Before: the check ran under asyncio.wait_for, which on Python 3.11 swallows a
+    cancel that lands in the step where the inner call ends (CPython gh-86296). A
+    consumer loop cancelled there ran on: a monitor replica standing down waited on it
+    until pytest-timeout, on a loaded machine. Every step of the loop is tried."""
+    watcher = PositionWatcher(IdleConsumer(), "monitor", "monitor-view",  # type: ignore[arg-type]
+                              every_s=0.0, timeout_s=5)
+
+    async def consume() -> None:  # Consumer.run's shape: poll, then check, for ever
+        while True:
+            await asyncio.sleep(0)
+            await watcher.watch()
+
+    for steps in range(12):
+        task = asyncio.create_task(consume())
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=5)
+        if not done:
+            task.cancel()  # free the loop for the next test before failing
+        assert done and task.cancelled(), f"the loop ran on after a cancel at step {steps}"

@@ -90,8 +90,8 @@ async def job_events(
                     if left <= 0:
                         return  # no `end`: the client resumes with Last-Event-ID
                     try:
-                        row = await asyncio.wait_for(
-                            queue.get(), min(settings.stream_keepalive_s, left))
+                        async with asyncio.timeout(min(settings.stream_keepalive_s, left)):
+                            row = await queue.get()
                     except TimeoutError:
                         yield b": keep-alive\n\n"
                         continue

@@ -112,4 +112,3 @@ async def db_url(pg_template: str) -> AsyncIterator[str]:
     async with admin.connect() as conn:
         await conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     await admin.dispose()
-

@@ -284,7 +284,12 @@ class Simulation:
             jr = self.runs.get(job_id)
             if jr is None or jr.epoch != epoch or jr.running is None:
                 continue
-            last = jr.start + jr.restore + ((now - jr.start - jr.restore) // every) * every
+            base = jr.start + jr.restore
+            last = base + ((now - base) // every) * every
+            while last + every <= now:
+                # (now - base) / every can round down a whole checkpoint (4.99999... for
+                # 5): the next one would be due now again, and this loop never end
+                last += every
             jr.running = replace(jr.running, last_checkpoint_time=last)
             heapq.heappush(heap, (last + every, job_id, epoch))
 

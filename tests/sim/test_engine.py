@@ -103,3 +103,16 @@ def test_hand_computed_kairos_preempts_a_long_unknown_job_for_a_short_known_one(
     assert _jct(res) == pytest.approx({"a": 100.0, "x": 1210.0, "y": 80.0})
     m = summarize(res)
     assert m["preemptions"] == 1 and m["lost_gpu_s"] == pytest.approx(50.0)
+
+
+@pytest.mark.timeout(60)
+def test_a_checkpoint_due_at_a_rounded_time_does_not_stall_the_clock() -> None:
+    """On this trace a cycle falls where (now - start - restore) / checkpoint_s computes
+    as 4.999... for 5: the next checkpoint was due "now" again and the simulator looped
+    for ever (found by bench/wait_bound.py). It must finish, every job with it."""
+    from sim.wait_bound import trace
+
+    jobs = trace(50.0, 0.7, "poisson", seed=1, span_h=100.0)
+    res = Simulation(uniform_cluster(1, 8), jobs, policy_config("Tiresias"),
+                     policy_settings("Tiresias", SimSettings(cycle_s=60.0, tick_s=600.0))).run()
+    assert all(j.finish is not None for j in res.jobs) and len(res.jobs) == len(jobs)

@@ -216,8 +216,9 @@ def print_table(doc: dict[str, Any]) -> None:
 
 
 def plot(doc: dict[str, Any], curves: dict[str, dict[str, dict[str, Any]]], folder: Path) -> None:
-    """Per case run now: JCT CDF and queue length per policy; and over every case in the
-    file, Kairos/Tiresias avg JCT and Kairos/FIFO max waits (``robust_summary.png``)."""
+    """Per case run now with every policy the file has for it: JCT CDF and queue length
+    per policy; and over every case in the file, Kairos/Tiresias avg JCT and Kairos/FIFO
+    max waits (``robust_summary.png``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -225,6 +226,8 @@ def plot(doc: dict[str, Any], curves: dict[str, dict[str, dict[str, Any]]], fold
 
     folder.mkdir(parents=True, exist_ok=True)
     for case, by_policy in curves.items():
+        if not set(doc.get(case, {})) <= set(by_policy):
+            continue  # a run of some policies: the case's plot of every policy stays as it was
         fig, ax = plt.subplots(1, 2, figsize=(12, 4.2))
         for p, c in by_policy.items():
             if len(c["jct"]):

@@ -81,3 +81,17 @@ def test_summary_flags_missed_targets() -> None:
     s = summary(doc)
     assert s["kairos_over_tiresias"] == {"a@8x8": 1.25}
     assert len(s["targets_missed"]) == 2
+
+
+def test_a_run_of_some_policies_keeps_the_plot_of_every_policy(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Results merge into the file, so a rerun of one policy must not redraw a case's
+    plot with that policy's curve alone (it did: every per-case plot lost its baselines)."""
+    pytest.importorskip("matplotlib")
+    from sim.suite import run
+
+    out = tmp_path / "robust.json"
+    run(["syn-exp-steady-1t@8x8"], ["FIFO", "Tiresias"], out=out, limit=60)
+    png = tmp_path / "plots" / "robust_syn-exp-steady-1t_8x8.png"
+    both = png.read_bytes()
+    run(["syn-exp-steady-1t@8x8"], ["Tiresias"], out=out, limit=60)
+    assert png.read_bytes() == both

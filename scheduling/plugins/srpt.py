@@ -101,8 +101,8 @@ class Srpt(Plugin):
 
     def victims(self, cycle: Cycle, info: JobInfo) -> list[tuple[BoolArray, PreemptReason]]:
         a = self.args
-        if not a.preempt or not cycle.running or info.starved or info.job.runtime_estimate_s is None:
-            # only for work known to be short; a starved job goes first and gets a reservation
+        if not a.preempt or not cycle.running or info.starved:
+            # a starved job goes first and gets a reservation instead
             return []
         memo = cycle.setdefault(_SrptVictims)
         theirs = memo.theirs
@@ -125,9 +125,12 @@ class Srpt(Plugin):
                 mean = with_mean_left([r.job for r in cycle.running], done, left_est)
                 order = np.argsort(mean, kind="stable")
                 memo.ends, memo.freed = mean[order], np.cumsum(rt.gpus[order])
-        est: float = info.job.runtime_estimate_s  # known: checked above
         ran = info.job.attained_service_s / info.gpus if info.gpus else 0.0
-        left = est - ran if ran < est else max(a.overrun * ran, 1.0)  # expected_left, of one job
+        # with no estimate (no similar job finished yet) as with no history at all: least
+        # attained service, like Tiresias; a job that has run far longer gives way
+        est = info.job.runtime_estimate_s
+        left = float(expected_left(np.asarray([math.nan if est is None else est]), np.asarray([ran]),
+                                   a.unknown_s, a.overrun)[0])
         g = gittins_rank(info.job.runtime_samples, ran) if a.rank == "gittins" and info.job.runtime_samples else None
         left = left if g is None else g
         mine = left * max(info.gpus, 1e-3) if a.by == "gpu_time" else left

@@ -153,3 +153,18 @@ def test_srpt_stops_a_job_only_when_the_stop_pays_for_itself(
     plan = w.submit(job("short").gpus(8).estimate(100)).step()
     assert [(p.job_id, p.reason) for p in plan.preemptions] == (
         [("long", PreemptReason.SRTF)] if stopped else [])
+
+
+@pytest.mark.parametrize(("ran_h", "stopped"), [(5.0, True), (2.0, False)], ids=["ran-5h", "ran-2h"])
+def test_srpt_with_no_history_gives_way_by_attained_service(ran_h: float, stopped: bool) -> None:
+    """No similar job has finished, so neither job has an estimate: srpt falls back to
+    least attained service, as Tiresias does. A fresh job is expected to run ``unknown_s``
+    (1 h) and a job that has run ``ran_h`` as long again; a stop needs ``preempt_ratio``
+    (4) times. Before, a job with no estimate never preempted: on a cluster with no history
+    a long job held its GPUs while every later job queued (bench/wait_bound.py: 60 h
+    average JCT against Tiresias' 2.6 h)."""
+    w = world(1, "gang", "srpt", "binpack")
+    w.start(job("old").gpus(8), at=-ran_h * 3600, n0=list(range(8)))
+    plan = w.submit(job("new").gpus(8)).step()
+    assert [(p.job_id, p.reason) for p in plan.preemptions] == (
+        [("old", PreemptReason.SRTF)] if stopped else [])

@@ -5,7 +5,7 @@ history (samples carried, Gittins rank before the start, first wait), how well t
 class median predicts the duration, and Kairos/Tiresias for variants of the default
 preset -> bench/results/estimate_gap.json.
 
-    python bench/estimate_gap.py                   # muri-trace1@8x8 and muri-trace3@16x8
+    python bench/estimate_gap.py                   # muri-trace1@8x8 and @16x8, muri-trace3@16x8
     python bench/estimate_gap.py --cases 'muri-*' -j 2
 
 Variants: the default; no estimates (LAS order); Gittins samples from every finished
@@ -144,7 +144,7 @@ def run_case(job: tuple[str, list[str]]) -> tuple[str, dict[str, Any]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", nargs="*", default=["muri-trace1@8x8", "muri-trace3@16x8"])
+    ap.add_argument("--cases", nargs="*", default=["muri-trace1@8x8", "muri-trace1@16x8", "muri-trace3@16x8"])
     ap.add_argument("-j", "--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()

@@ -40,7 +40,10 @@ def _await_chains_before_a_timeout(request: pytest.FixtureRequest) -> Iterator[N
     event loop's select(): print every asyncio task's await chain shortly before it, to
     say what the test waits on (SIGUSR1 runs the dump in the main thread, in the loop)."""
     marker = request.node.get_closest_marker("timeout")
-    timeout = float(marker.args[0]) if marker and marker.args else float(request.config.getini("timeout") or 0)
+    given = request.config.getoption("timeout", None)  # pytest-timeout's --timeout
+    # pytest-timeout's own order: the marker, then --timeout, then the ini
+    timeout = (float(marker.args[0]) if marker and marker.args else
+               float(given) if given is not None else float(request.config.getini("timeout") or 0))
     if timeout <= DUMP_BEFORE_TIMEOUT_S or threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -168,15 +168,16 @@ def _left(pool: Sequence[float] | None, ran_s: float) -> np.ndarray | None:
     return xs if xs.size else None
 
 
-def remaining_by_rule(estimate_s: float | None, ran_s: float, unknown_s: float = 3600.0) -> float:
-    """The core's own expectation (``srpt``'s ``expected_left``): the estimate minus what
-    it did; past the estimate, or with none, as long again (at least ``unknown_s`` for a
-    job that has not run)."""
-    if estimate_s is not None and not math.isnan(estimate_s) and ran_s < estimate_s:
-        return estimate_s - ran_s
-    if estimate_s is None:
+def remaining_by_rule(estimate_s: float | None, ran_s: float, unknown_s: float = 3600.0,
+                      overrun: float = 1.0) -> float:
+    """The core's own expectation (``expected_left``, of one job): the estimate minus what
+    it did; past the estimate ``overrun`` times as long again; with none, as long again
+    (at least ``unknown_s`` for a job that has not run)."""
+    if estimate_s is None or math.isnan(estimate_s):  # NaN: none, as in expected_left
         return max(ran_s, unknown_s - ran_s, 1.0)
-    return max(ran_s, 1.0)
+    if ran_s < estimate_s:
+        return estimate_s - ran_s
+    return max(overrun * ran_s, 1.0)
 
 
 def expected_left(est: FloatArray, done: FloatArray, unknown_s: float, overrun: float) -> FloatArray:

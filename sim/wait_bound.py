@@ -8,8 +8,9 @@ job of ``long_h`` hours arrives first; short jobs of one hour follow at a load `
 the node (evenly spaced, or Poisson) for ``span_h`` hours.
 
 FIFO runs the long job first: nothing waits much longer than ``long_h``. Least attained
-service (Tiresias) runs each short job as it comes (evenly spaced: none stops another), so they barely wait, and the long job
-runs in the gaps: it waits about ``rho / (1 - rho)`` times ``long_h``. A schedule that keeps
+service (Tiresias) runs each short job as it comes (evenly spaced: none stops another),
+so they barely wait, and the long job runs in the gaps: it waits about
+``rho / (1 - rho)`` times ``long_h``. A schedule that keeps
 the long job's total wait within ``W`` must finish it by ``C = long_h + W``, so the short
 jobs lose the node for ``long_h`` hours before ``C`` while they keep arriving.
 """
@@ -22,10 +23,11 @@ from sim.traces import TraceJob
 
 H = 3600.0
 SHORT_H = 1.0  # each short job's duration
+SPAN_H = 400.0  # short jobs arrive over this span
 STEP_H = 0.01  # the bound's time grid
 
 
-def trace(long_h: float, rho: float, arrivals: str = "even", seed: int = 0, span_h: float = 400.0) -> list[TraceJob]:
+def trace(long_h: float, rho: float, arrivals: str = "even", seed: int = 0, span_h: float = SPAN_H) -> list[TraceJob]:
     """The long job at 0, then short jobs at load ``rho`` ("even" or "poisson")."""
     gap = SHORT_H / rho
     if arrivals == "even":

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from scheduling import jobcols as jc
 from scheduling.arrays import BoolArray, FloatArray
-from scheduling.estimates import expected_left, gittins_rank
+from scheduling.estimates import expected_left, gittins_rank, remaining_by_rule
 from scheduling.framework import Cycle, JobInfo, JobPriorities, Plugin, register
 from scheduling.model import JobRequest, PreemptReason
 from scheduling.plugins.ordering import UNKNOWN_S, waited, with_mean_left
@@ -128,9 +128,7 @@ class Srpt(Plugin):
         ran = info.job.attained_service_s / info.gpus if info.gpus else 0.0
         # with no estimate (no similar job finished yet) as with no history at all: least
         # attained service, like Tiresias; a job that has run far longer gives way
-        est = info.job.runtime_estimate_s
-        left = float(expected_left(np.asarray([math.nan if est is None else est]), np.asarray([ran]),
-                                   a.unknown_s, a.overrun)[0])
+        left = remaining_by_rule(info.job.runtime_estimate_s, ran, a.unknown_s, a.overrun)
         g = gittins_rank(info.job.runtime_samples, ran) if a.rank == "gittins" and info.job.runtime_samples else None
         left = left if g is None else g
         mine = left * max(info.gpus, 1e-3) if a.by == "gpu_time" else left

@@ -110,9 +110,10 @@ def test_a_checkpoint_due_at_a_rounded_time_does_not_stall_the_clock() -> None:
     """On this trace a cycle falls where (now - start - restore) / checkpoint_s computes
     as 4.999... for 5: the next checkpoint was due "now" again and the simulator looped
     for ever (found by bench/wait_bound.py). It must finish, every job with it."""
+    from sim.suite import SYN_RULES
     from sim.wait_bound import trace
 
     jobs = trace(50.0, 0.7, "poisson", seed=1, span_h=100.0)
     res = Simulation(uniform_cluster(1, 8), jobs, policy_config("Tiresias"),
-                     policy_settings("Tiresias", SimSettings(cycle_s=60.0, tick_s=600.0))).run()
+                     policy_settings("Tiresias", SYN_RULES)).run()
     assert all(j.finish is not None for j in res.jobs) and len(res.jobs) == len(jobs)

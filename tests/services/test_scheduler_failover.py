@@ -37,7 +37,7 @@ from shared.topics import JOBS_STATUS
 from tests.services.builders import node, ready, step
 from tests.shared.test_bus import consume_until
 
-pytestmark = pytest.mark.db
+pytestmark = [pytest.mark.db, pytest.mark.both_pg]
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from shared.events import Envelope, JobState, JobStatus, utcnow
 from shared.leader import LeaderLease
 from shared.outbox import OutboxRelay, add_many, add_to_outbox, replay
 
-pytestmark = pytest.mark.db
+pytestmark = [pytest.mark.db, pytest.mark.both_pg]
 MIGRATIONS = Path(__file__).resolve().parents[2] / "shared" / "migrations" / "versions"
 
 

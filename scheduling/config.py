@@ -80,7 +80,14 @@ DEFAULT_PLUGINS: tuple[PluginSpec, ...] = (
     # bound can be kept, it stretches to six times the time the cluster needs to clear
     # its backlog (the whole Philly trace on 64 x 8 with srpt by time: 7.08 h average
     # JCT with three times, 6.29 h with six, 6.31 h with ten; docs/design/simulator.md).
-    _spec("priority", aging_per_hour=0.0, starvation_bound_s=14 * 86400.0, backlog_factor=6.0),
+    # overtaken: a job that never ran goes first once jobs submitted after it and ordered
+    # after it have started past it (they fitted, it did not: a wide job among narrow ones)
+    # and it has waited as long as the work submitted before it needs of the cluster (what
+    # FIFO would make it wait); starved jobs no longer hold the line (hold_line), they get
+    # reservations. Cases whose longest first wait exceeds FIFO's: 5 -> 1; Philly 64 x 8
+    # 0.738 -> 0.728 x Tiresias (bench/results/sim_robust.json, docs/design/simulator.md)
+    _spec("priority", aging_per_hour=0.0, starvation_bound_s=14 * 86400.0, backlog_factor=6.0,
+          overtaken=True, hold_line=False),
     # rank "gittins": with the durations of similar finished jobs (runtime_samples), the
     # inverse Gittins index given what the job ran: SRPT on tight history, least attained
     # service on dispersed history (Muri trace4 on 8 x 8: 3.0 -> 0.81 x Tiresias' average

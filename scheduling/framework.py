@@ -50,6 +50,7 @@ from scheduling.model import (
     GpuUse,
     JobRequest,
     PendingReason,
+    Plan,
     PreemptReason,
     Resources,
     RunningJob,
@@ -239,6 +240,9 @@ class Plugin:
 
     def open(self, cycle: Cycle) -> None:
         """Called once per cycle, once the running jobs are read, before ordering."""
+
+    def settle(self, cycle: Cycle, plan: Plan, ordered: Sequence[JobInfo]) -> None:
+        """Called once per cycle with its plan and the pending jobs in the order tried."""
 
     def static_priority(self, job: JobRequest) -> float | None:
         """The job's priority before aging; None: the job's own ``priority``."""

@@ -29,7 +29,7 @@ from scheduling.session import Session
 from scheduling.snapshot_cache import SnapshotCache
 
 HOOKS = ("static_priority", "task_order", "order_keys", "admit", "node_mask", "task_mask", "score", "victims",
-         "min_members", "pick")
+         "min_members", "pick", "settle")
 
 
 @contextmanager
@@ -77,6 +77,8 @@ class Scheduler:
                 a.execute(s)
             for a in self.actions:
                 a.close()
+            for p in self.hooks["settle"]:
+                p.settle(cycle, s.plan, s.ordered)
             # a cordon first: uncordoning is what would start such a job, which says more
             # than the job that took the schedulable room
             if cycle.table.cordoned.any():

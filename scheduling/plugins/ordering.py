@@ -19,7 +19,7 @@ from scheduling import jobcols as jc
 from scheduling.arrays import BoolArray, FloatArray
 from scheduling.estimates import expected_left, mean_left
 from scheduling.framework import Cycle, JobInfo, JobPriorities, Plugin, register
-from scheduling.model import JobRequest, PreemptReason, TaskRequest
+from scheduling.model import JobRequest, Plan, PreemptReason, TaskRequest
 
 UNKNOWN_S = 3600.0  # expected run time of a job with no estimate that has not run yet
 
@@ -41,6 +41,10 @@ class PriorityArgs(BaseModel):
                               "(first wait and every requeue) reaches this fraction of the longest wait "
                               "FIFO is known to give: the peak so far of the time the whole cluster needs "
                               "for the expected work queued and running")
+    overtaken: bool = Field(False, description="a job that has never run is also starved once jobs "
+                            "submitted after it, and put after it in the order, have started while it "
+                            "waited (it is kept out by its shape, not its rank), and it has waited as "
+                            "long as FIFO would still make it wait (fifo_ahead's estimate)")
     hold_line: bool = Field(True, description="a starved job that cannot start and has no reservation "
                             "stops every job after it (false: later jobs that fit still start, as in FIFO)")
     parallelism_weight: float = Field(0.0, description="points per log2(1 + GPUs); <0 favours small")
@@ -120,6 +124,8 @@ class Priority(Plugin):
         super().__init__(args, weight)
         self._rank = {r: i for i, r in enumerate(self.args.role_order)}
         self._peak = 0.0  # the longest drain time seen (fifo_guard)
+        self.passed_over: set[str] = set()  # pending jobs passed by later jobs ordered after them
+        self.promoted: set[str] = set()  # jobs that went first for it: not preempted by srpt
 
     def static_priority(self, job: JobRequest) -> float:
         a = self.args
@@ -183,9 +189,40 @@ class Priority(Plugin):
             if cycle.running:
                 over = cycle.runs().waited >= min(bound, guard)
                 run_starved = over if run_starved is None else run_starved | over
+        if a.overtaken and cycle.capacity.gpu > 0:
+            over = np.fromiter((i.job.job_id in self.passed_over for i in jobs), bool, len(jobs))
+            if over.any():
+                ahead, _ = fifo_ahead(cycle, jobs)
+                over &= wait >= ahead
+                self.promoted.update(jobs[k].job.job_id for k in np.flatnonzero(over).tolist())
+                starved |= over
+            if cycle.running and self.promoted:
+                kept = np.fromiter((r.job.job_id in self.promoted for r in cycle.running), bool,
+                                   len(cycle.running))
+                run_starved = kept if run_starved is None else run_starved | kept
         cycle.put(JobPriorities(prio, starved, bound, run_starved, a.hold_line))  # the allocate action copies them to JobInfo
         # starved jobs go oldest first, the rest by combined priority
         return [np.where(starved, 0.0, 1.0), np.where(starved, submit, -prio)]
+
+    def settle(self, cycle: Cycle, plan: Plan, ordered: Sequence[JobInfo]) -> None:
+        """Note the jobs overtaken this cycle: never run, not started, and a job submitted
+        after them and tried after them started (so it fitted where they did not)."""
+        if not self.args.overtaken:
+            return
+        pending = {i.job.job_id for i in ordered}
+        self.passed_over &= pending
+        running = {r.job.job_id for r in cycle.running}
+        self.promoted &= pending | running
+        started = {b.job_id for b in plan.binds}
+        if not started:
+            return
+        latest = -math.inf  # the latest submit among jobs started after this position
+        for info in reversed(ordered):
+            job = info.job
+            if job.job_id in started:
+                latest = max(latest, job.submit_time)
+            elif latest > job.submit_time and job.attained_service_s == 0:
+                self.passed_over.add(job.job_id)
 
     def victims(self, cycle: Cycle, info: JobInfo) -> list[tuple[BoolArray, PreemptReason]]:
         a = self.args

@@ -168,3 +168,56 @@ def test_fifo_guard_off_keeps_class_order() -> None:
     w.submit(job("old").klass("low").gpus(8).submit(0).estimate(3600),
              job("u").klass("urgent").gpus(8).submit(99).estimate(3600))
     assert [j.job_id for j in w.scheduler.order(w.snapshot())] == ["u", "old"]
+
+
+def _overtaken_order(overtaken: bool, narrow: bool = True) -> tuple[list[str], list[str]]:
+    """One 8-GPU node, half of it held for 10 h by 'r' (urgent, submitted first). 'wide' (8 GPUs,
+    high class) cannot start; 'narrow' (4 GPUs, low class, submitted later) fits and starts
+    past it; then 'urgent' (8 GPUs) comes. The order at once and 6 h later, when 'wide' has
+    waited longer than the 2 h of work still before it."""
+    w = World(cluster(1), Scheduler(config("gang", ("priority", {
+        "starvation_bound_s": 1e9, "hold_line": False, "overtaken": overtaken}), "binpack")), now=100)
+    w.start(job("r").klass("urgent").gpus(4).submit(-100).estimate(10 * 3600), n0=[0, 1, 2, 3])
+    w.submit(job("wide").klass("high").gpus(8).submit(0).estimate(3600))
+    if narrow:
+        w.submit(job("narrow").klass("low").gpus(4).submit(50).estimate(3600))
+    assert bound(w.step()) == ({"narrow": ["n0"]} if narrow else {})
+    w.submit(job("urgent").klass("urgent").gpus(8).submit(200).estimate(3600))
+    first = [j.job_id for j in w.scheduler.order(w.snapshot())]
+    w.now = 6 * 3600
+    return first, [j.job_id for j in w.scheduler.order(w.snapshot())]
+
+
+def test_a_job_overtaken_by_later_work_goes_first_once_it_has_waited_as_long_as_fifo_would() -> None:
+    # 'narrow' started past 'wide' because it fitted: once 'wide' has waited the time the
+    # work submitted before it needs of the node, it goes first, as FIFO would have it
+    assert _overtaken_order(overtaken=True) == (["urgent", "wide"], ["wide", "urgent"])
+
+
+def test_a_job_waits_its_turn_when_nothing_later_overtook_it_or_the_rule_is_off() -> None:
+    assert _overtaken_order(overtaken=True, narrow=False) == (["urgent", "wide"], ["urgent", "wide"])
+    assert _overtaken_order(overtaken=False) == (["urgent", "wide"], ["urgent", "wide"])
+
+
+def _preempted_after_promotion(overtaken: bool) -> list[str]:
+    """'wide' is overtaken by 'narrow', waits 6 h, then starts; a one-minute 'quick' job
+    comes a minute later. Which jobs srpt stops for it."""
+    w = World(cluster(1), Scheduler(config("gang", ("priority", {
+        "starvation_bound_s": 1e9, "hold_line": False, "overtaken": overtaken}), ("srpt", {"by": "time"}),
+        "binpack")), now=100)
+    w.start(job("r").gpus(4).submit(-100).estimate(10 * 3600).not_preemptible(), n0=[0, 1, 2, 3])
+    w.submit(job("wide").gpus(8).submit(0).estimate(3600), job("narrow").gpus(4).submit(50).estimate(7200))
+    assert bound(w.step()) == {"narrow": ["n0"]}
+    w.now = 6 * 3600
+    w.step()
+    w.finish("r")
+    w.finish("narrow")
+    assert bound(w.step()) == {"wide": ["n0"]}
+    w.submit(job("quick").gpus(8).submit(w.now + 60).estimate(60))
+    return [p.job_id for p in w.step(60).preemptions]
+
+
+def test_a_job_that_went_first_for_being_overtaken_is_not_stopped_for_shorter_work() -> None:
+    # it would queue again, be overtaken again and go first again, round and round
+    assert _preempted_after_promotion(overtaken=True) == []
+    assert _preempted_after_promotion(overtaken=False) == ["wide"]

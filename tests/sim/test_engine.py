@@ -93,16 +93,36 @@ def test_jain_index():
 
 
 def test_hand_computed_kairos_preempts_a_long_unknown_job_for_a_short_known_one():
-    # 1 GPU. a (100 s) ends at 100: the history now says 1-GPU jobs take 100 s. x arrived
-    # at 50 with no estimate (expected 3,600 s) and runs from 100; y arrives at 120 with
-    # the estimate 100 s: x is expected to hold the GPU > 4x longer, so srpt preempts it.
+    # 2 GPUs. a (2 GPUs, 100 s) ends at 100: the history now says 2-GPU jobs take 100 s,
+    # and still knows nothing of 1-GPU jobs. x (1 GPU) arrived at 50 with no estimate
+    # (expected 3,600 s) and runs from 100; y (2 GPUs) arrives at 120 with the estimate
+    # 100 s and needs x's GPU: x is expected to hold it > 4x longer, so srpt preempts it.
     # x stops at 150 after its 30 s grace (nothing checkpointed: 50 s lost); y runs
     # 150-200; x restarts at 200, pays the 60 s restore and its 1,000 s: ends at 1,260.
-    jobs = [TraceJob("a", 0.0, 100.0, 1), TraceJob("x", 50.0, 1000.0, 1), TraceJob("y", 120.0, 50.0, 1)]
-    res = _run("Kairos", jobs)
+    jobs = [TraceJob("a", 0.0, 100.0, 2), TraceJob("x", 50.0, 1000.0, 1), TraceJob("y", 120.0, 50.0, 2)]
+    res = _run("Kairos", jobs, nodes=(1, 2))
     assert _jct(res) == pytest.approx({"a": 100.0, "x": 1210.0, "y": 80.0})
     m = summarize(res)
     assert m["preemptions"] == 1 and m["lost_gpu_s"] == pytest.approx(50.0)
+
+
+@pytest.mark.parametrize("renew", [True, False])
+def test_a_job_learns_what_the_history_learnt_since_it_arrived_at_each_start_and_stop(renew):
+    # One node of 2 GPUs. a (100 s) and r (500 s) start at 0 knowing nothing; w arrives
+    # at 50 and waits. a ends at 100 and w starts: it carries the history's 1-GPU
+    # durations then, (100,). w ends at 110: the history holds (10, 100), but r, running,
+    # keeps what it started with until the node fails at 200 and stops it: it queues
+    # again with (10, 100) and their median, and restarts at 250 (60 s restore, no
+    # checkpoint yet: its 500 s again), ending at 810. Without renewal every job keeps
+    # what it arrived with, and the times are the same.
+    jobs = [TraceJob("a", 0.0, 100.0, 1), TraceJob("r", 0.0, 500.0, 1), TraceJob("w", 50.0, 10.0, 1)]
+    res = _run("Kairos", jobs, nodes=(1, 2), renew=renew, node_failures=((200.0, "n0000", 50.0),))
+    got = {j.trace.job_id: (j.request.runtime_samples, j.request.runtime_estimate_s) for j in res.jobs}
+    if renew:
+        assert got == {"a": ((), None), "r": ((10.0, 100.0), 55.0), "w": ((100.0,), 100.0)}
+    else:
+        assert got == {"a": ((), None), "r": ((), None), "w": ((), None)}
+    assert _jct(res) == pytest.approx({"a": 100.0, "r": 810.0, "w": 60.0})
 
 
 @pytest.mark.timeout(60)

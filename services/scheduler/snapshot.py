@@ -72,9 +72,8 @@ class SnapshotBuilder:
         """The attempt's request with the history's estimate and samples as they were when
         it queued, and again when it started: not renewed while it waits or runs, so that
         a job's rank moves with its own progress only. Renewed with every success of its
-        size, ranks shifted under running jobs and they were stopped for noise (the whole
-        Philly trace on 64 x 8: 0.741 x Tiresias' average JCT against 0.724;
-        docs/design/simulator.md)."""
+        size, ranks shifted under running jobs and they were stopped for noise
+        (docs/design/simulator.md: "What a job knows of its similar jobs, and when")."""
         key = (owner or job.job_id, job.attempt, tuple(sorted(job.targets.items())),
                tuple(sorted((caps or {}).items())))
         hit = self._requests.get(key)

@@ -96,6 +96,9 @@ DEFAULT_PLUGINS: tuple[PluginSpec, ...] = (
     # checkpoint, the restore) is less than the time the shorter job would otherwise wait
     # for running jobs to end (syn-exp-steady-1t 1.16 -> 0.62 x Tiresias, Philly 64 x 8
     # 0.707 -> 0.701, with the Gittins rank's binomial bound; bench/results/sim_robust.json)
+    # siblings (the plugin's default): a job that never ran ranks no worse than a later one
+    # of its tenant and size; their samples differ only in when they were read (cases
+    # whose longest first wait exceeds FIFO's 2 -> 0; docs/design/simulator.md)
     _spec("srpt", by="time", rank="gittins", pay=True),
     _spec("fairshare"),
     _spec("nodeaffinity"),

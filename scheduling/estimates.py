@@ -60,6 +60,8 @@ class DurationHistory:
         self.every: list[float] = []
         self.gpu_s = 0.0  # GPU-seconds of every finished job
         self.quantiles = quantiles
+        # (tenant, gpus) -> (version, estimate, samples): one tuple shared by every job of the key
+        self._memo: dict[Key, tuple[object, float | None, tuple[float, ...]]] = {}
 
     def learn(self, tenant: str, gpus: int, duration_s: float) -> None:
         self.by_key.setdefault((tenant, gpus), []).append(duration_s)
@@ -77,6 +79,22 @@ class DurationHistory:
         the policy's Gittins rank (``gittins_rank``) reads the spread from."""
         xs = self.by_key.get((tenant, gpus)) or self.by_size.get(gpus)
         return tuple(sorted(xs[-SAMPLES:])) if xs else ()
+
+    def version(self, gpus: int) -> object:
+        """Changes whenever the estimate or samples of any job of ``gpus`` GPUs may have:
+        both read only durations of that GPU count."""
+        return len(self.by_size.get(gpus) or ())
+
+    def known(self, tenant: str, gpus: int) -> tuple[float | None, tuple[float, ...]]:
+        """``estimate`` and ``samples`` now, computed once per change of ``version``: jobs
+        of a key share one samples tuple (and the Gittins rank's memo with it) until the
+        history learns a job of their size."""
+        key = (tenant, gpus)
+        v = self.version(gpus)
+        hit = self._memo.get(key)
+        if hit is None or hit[0] != v:
+            hit = self._memo[key] = (v, self.estimate(tenant, gpus), self.samples(tenant, gpus))
+        return hit[1], hit[2]
 
     def mean_gpu_s(self) -> float | None:
         """Mean GPU-seconds of a finished job (the naive forecast's unit of work)."""

@@ -129,7 +129,6 @@ class Simulation:
         self.s = settings or SimSettings()
         self.on_progress = on_progress
         self.history = DurationHistory()  # what "history" estimates learn from (scheduling.estimates)
-        self._about: dict[tuple[str, int], tuple[int, float | None, tuple[float, ...]]] = {}
         # an observer (benchmarks): called with the simulation at each time in ``probes``
         # (between events: the state is the one at that time) and after every batch of
         # events, before the cycle; it must not change the simulation
@@ -156,16 +155,11 @@ class Simulation:
         heapq.heappush(self.events, (t, kind, self.seq, payload))
 
     def _known(self, t: TraceJob) -> tuple[float | None, tuple[float, ...]]:
-        """The history's estimate and samples for ``t`` now, shared by every job of its
-        shape until the history learns a job of its size (as the scheduler's ``fill``)."""
+        """The history's estimate and samples for ``t`` now (``DurationHistory.known``, as
+        the scheduler's ``JobHistory.fill``)."""
         if self.s.estimates != "history":
             return self._estimate(t), ()
-        key = (t.tenant, t.num_gpus)
-        version = len(self.history.by_size.get(t.num_gpus) or ())
-        hit = self._about.get(key)
-        if hit is None or hit[0] != version:
-            hit = self._about[key] = (version, self.history.estimate(*key), self.history.samples(*key))
-        return hit[1], hit[2]
+        return self.history.known(t.tenant, t.num_gpus)
 
     def _renew(self, jr: JobRun) -> None:
         """What the history knows now, not what it knew when the job arrived: at each start

@@ -31,6 +31,9 @@ class SrptArgs(BaseModel):
     rank: Literal["estimate", "gittins"] = Field("estimate", description="gittins: jobs with similar jobs' "
                                                  "durations (runtime_samples) rank by the inverse Gittins "
                                                  "index given what they ran; the rest by the estimate")
+    siblings: bool = Field(True, description="gittins: a job that never ran is ranked no worse than "
+                           "any job of its tenant and size submitted after it that never ran either (they "
+                           "are alike but for when the history was read for them)")
     preempt: bool = True
     preempt_ratio: float = Field(4.0, ge=1, description="a victim must have this many times more "
                                  "expected service left than the preemptor")
@@ -50,6 +53,29 @@ class _SrptVictims:
     freed: FloatArray | None = None  # GPUs freed by then, cumulative
 
 
+def oldest_not_behind(tenant: FloatArray, gpus: FloatArray, submit: FloatArray, alike: BoolArray,
+                      left: FloatArray) -> FloatArray:
+    """``left`` lowered so that no job in ``alike`` (never ran, ranked by its similar jobs'
+    durations) ranks behind a later one of its tenant and size in ``alike``: each takes
+    the least rank of itself and those submitted after it. Such jobs differ only in when
+    the history was read for them (when a job queues, starts or stops, not while it
+    waits), so a later one must not pass an earlier one for knowing more: the earlier one
+    would wait for as long as its size kept arriving (syn-exp-bursts-4t,
+    docs/design/simulator.md)."""
+    idx = np.flatnonzero(alike)
+    if len(idx) < 2:
+        return left
+    # by tenant, then size, then latest submit first: a running minimum per group
+    order = idx[np.lexsort((-submit[idx], gpus[idx], tenant[idx]))]
+    t, g = tenant[order], gpus[order]
+    cuts = np.flatnonzero((t[1:] != t[:-1]) | (g[1:] != g[:-1])) + 1
+    out = left.copy()
+    for seg in np.split(order, cuts):
+        if len(seg) > 1:
+            out[seg] = np.minimum.accumulate(left[seg])
+    return out
+
+
 @register
 class Srpt(Plugin):
     """Kairos' ordering: shortest expected remaining service first, from submit-time
@@ -67,13 +93,15 @@ class Srpt(Plugin):
     def _service(self, left: FloatArray, gpus: FloatArray) -> FloatArray:
         return left * np.maximum(gpus, 1e-3) if self.args.by == "gpu_time" else left
 
-    def _gittins(self, jobs: Sequence[JobInfo], left: FloatArray) -> FloatArray:
-        """``left`` with the Gittins rank where the job's samples give one; a pending
-        request's rank never changes (its attained service is fixed while it waits)."""
+    def _gittins(self, jobs: Sequence[JobInfo], left: FloatArray) -> tuple[FloatArray, BoolArray]:
+        """``left`` with the Gittins rank where the job's samples give one, and where they
+        did; a pending request's rank never changes (its attained service is fixed while
+        it waits)."""
         memo = self._ranks
         if len(memo) > 4 * len(jobs) + 1024:
             memo.clear()
         out = left.copy()
+        ranked = np.zeros(len(jobs), dtype=bool)
         for i, info in enumerate(jobs):
             job = info.job
             if not job.runtime_samples:
@@ -85,7 +113,8 @@ class Srpt(Plugin):
                 hit = memo[id(job)] = (job, math.nan if g is None else g)
             if not math.isnan(hit[1]):
                 out[i] = hit[1]
-        return out
+                ranked[i] = True
+        return out, ranked
 
     def order_keys(self, cycle: Cycle, jobs: Sequence[JobInfo]) -> list[FloatArray]:
         a, c = self.args, cycle.cols
@@ -93,7 +122,9 @@ class Srpt(Plugin):
         done = np.where(gpus > 0, c[jc.ATTAINED] / np.maximum(gpus, 1e-9), 0.0)
         left = expected_left(c[jc.ESTIMATE], done, a.unknown_s, a.overrun)
         if a.rank == "gittins":
-            left = self._gittins(jobs, left)
+            left, ranked = self._gittins(jobs, left)
+            if a.siblings:
+                left = oldest_not_behind(c[jc.TENANT], gpus, c[jc.SUBMIT], ranked & (done == 0), left)
         key = self._service(left, gpus)
         if a.aging_s > 0:
             key = key / (1.0 + waited(cycle) / a.aging_s)

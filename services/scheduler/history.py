@@ -60,8 +60,6 @@ class JobHistory(DurationHistory):
         super().__init__(quantiles)
         self.recent: deque[tuple[str, int, float]] = deque(maxlen=KEEP)
         self.generation = 0  # rebuilds so far
-        # (tenant, gpus) -> (version, estimate, samples): shared by every job of the key
-        self._about: dict[tuple[str, int], tuple[Any, float | None, tuple[float, ...]]] = {}
 
     def learn(self, tenant: str, gpus: int, duration_s: float) -> None:
         super().learn(tenant, gpus, duration_s)
@@ -75,7 +73,7 @@ class JobHistory(DurationHistory):
             self.by_key, self.by_size, self.every, self.gpu_s = (
                 fresh.by_key, fresh.by_size, fresh.every, fresh.gpu_s)
             self.generation += 1
-            self._about.clear()
+            self._memo.clear()
 
     def learn_job(self, ready: JobReady, bound_at: float | None, ended_at: float) -> None:
         """A job that succeeded at ``ended_at``, placed (its last attempt) at ``bound_at``."""
@@ -98,20 +96,14 @@ class JobHistory(DurationHistory):
             self.learn_row(r)
 
     def version(self, gpus: int) -> tuple[int, int]:
-        """Changes whenever the estimate or samples of any job of ``gpus`` GPUs may have:
-        both read only durations of that GPU count (``DurationHistory``)."""
+        """As ``DurationHistory.version``, and changed by every rebuild."""
         return self.generation, len(self.by_size.get(gpus) or ())
 
     def fill(self, job: JobRequest, gpus: int) -> JobRequest:
         """The request with the history's samples of similar jobs and, unless the user
         gave one, their median as its estimate; the same object when the history knows
         nothing of it."""
-        key = (job.tenant, gpus)
-        v = self.version(gpus)
-        about = self._about.get(key)
-        if about is None or about[0] != v:
-            about = self._about[key] = (v, self.estimate(*key), self.samples(*key))
-        _, estimate, samples = about
+        estimate, samples = self.known(job.tenant, gpus)
         if not samples:
             return job
         own = job.runtime_estimate_s

@@ -101,6 +101,11 @@ class JobBuilder:
         self._job["runtime_estimate_s"] = s
         return self
 
+    def samples(self, *durations: float) -> JobBuilder:
+        """Durations of similar finished jobs, as the history gives them."""
+        self._job["runtime_samples"] = durations
+        return self
+
     def min_available(self, n: int) -> JobBuilder:
         self._job["min_available"] = n
         return self

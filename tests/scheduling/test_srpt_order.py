@@ -34,7 +34,8 @@ def test_a_job_is_not_passed_by_a_later_one_of_its_tenant_and_size_that_knows_mo
 
 def test_jobs_that_differ_in_service_or_size_keep_their_own_rank() -> None:
     # 'old' has run 1.9 h of its 2 h: it is not the newcomer's like, and ranks by its own
-    # 6 min left; a 2-GPU newcomer is of another size and fits beside nothing here
+    # 6 min left; a 2-GPU newcomer is of another size, so 'old' keeps its 2 h rank and the
+    # newcomer, ranked first, takes half of the free GPUs (too few left for 'old')
     assert _first_started(siblings=True, old_ran_s=1.9 * HOUR) == ["old"]
     assert _first_started(siblings=True, new_gpus=2) == ["new"]
     assert _first_started(siblings=False, new_gpus=2) == ["new"]

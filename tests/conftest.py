@@ -59,6 +59,17 @@ def _await_chains_before_a_timeout(request: pytest.FixtureRequest) -> Iterator[N
         signal.signal(signal.SIGUSR1, previous)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``make test`` runs on two xdist workers (``--dist loadgroup``). Every test that
+    starts the whole stack (marked ``e2e``) goes to one of them, in collection order: two
+    stacks at once on two cores would only slow both, and the session's shared stack is
+    started once."""
+    for item in items:
+        if item.get_closest_marker("e2e") is not None:
+            item.add_marker(pytest.mark.xdist_group("stack"))
+
+
 def _system_pg_up() -> bool:
     try:
         with socket.create_connection(("127.0.0.1", 5432), timeout=0.5):

@@ -59,15 +59,37 @@ def _await_chains_before_a_timeout(request: pytest.FixtureRequest) -> Iterator[N
         signal.signal(signal.SIGUSR1, previous)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+# Tests that start the whole stack (marked ``e2e``) live here; ``make test`` runs them on
+# one xdist worker, one after another, and the rest on both workers.
+STACK_TESTS = ("tests/e2e/", "tests/chaos/", "tests/deploy/test_monitoring_live.py")
+
+
+def starts_the_stack(nodeid: str) -> bool:
+    return nodeid.startswith(STACK_TESTS)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``make test`` runs on two workers with ``--dist loadgroup``: every stack test in one
+    group, so two stacks never run at once on two cores and the session's shared stack is
+    started once. xdist's own groups (``xdist_group`` marks) are lost under pytest 9, which
+    ignores the node id suffix they ride on, so the group is chosen here by path."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class OneStackAtATime(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "stack" if starts_the_stack(nodeid) else nodeid
+
+    return OneStackAtATime(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """``make test`` runs on two xdist workers (``--dist loadgroup``). Every test that
-    starts the whole stack (marked ``e2e``) goes to one of them, in collection order: two
-    stacks at once on two cores would only slow both, and the session's shared stack is
-    started once."""
-    for item in items:
-        if item.get_closest_marker("e2e") is not None:
-            item.add_marker(pytest.mark.xdist_group("stack"))
+    """The group goes by path (above): a stack test elsewhere would run beside another stack."""
+    stray = [i.nodeid for i in items if (i.get_closest_marker("e2e") is not None)
+             != starts_the_stack(i.nodeid)]
+    if stray:
+        raise pytest.UsageError(f"e2e tests belong under {STACK_TESTS} and only they do: {stray[:5]}")
 
 
 def _system_pg_up() -> bool:

@@ -40,9 +40,10 @@ OUT = Path("bench/results/starvation_tradeoff.json")
 # Kairos variants: overrides of the default preset's plugin arguments, by plugin
 VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "Kairos": {},
-    "guard 1.0": {"priority": {"fifo_guard": 1.0}},
+    # hold_line stated both ways: the default preset's changed (True until priority.overtaken)
+    "guard 1.0, hold": {"priority": {"fifo_guard": 1.0, "hold_line": True}},
     "guard 1.0, no hold": {"priority": {"fifo_guard": 1.0, "hold_line": False}},
-    "guard 0.5": {"priority": {"fifo_guard": 0.5}},
+    "guard 0.5, hold": {"priority": {"fifo_guard": 0.5, "hold_line": True}},
     "guard 0.5, no hold": {"priority": {"fifo_guard": 0.5, "hold_line": False}},
 }
 BASELINES = ("FIFO", "Tiresias")
@@ -130,7 +131,8 @@ def main() -> None:
     doc = {"protocol": "sim/suite.py cases and rules; Kairos = the default preset; every other variant = the "
                        "default preset with the plugin arguments in 'variants' ('guard X': priority.fifo_guard "
                        "= X, a job whose total wait reaches X times the peak drain time goes first and is not "
-                       "preempted again; 'no hold': priority.hold_line false, later jobs that fit still start)",
+                       "preempted again; 'hold': priority.hold_line true, a starved job that cannot start stops every "
+                       "job after it; 'no hold': false, later jobs that fit still start, as in the default)",
            "variants": variants,
            "summary": s, "cases": table}
     a.out.parent.mkdir(parents=True, exist_ok=True)

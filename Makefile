@@ -31,8 +31,10 @@ tools: $(STAMP) ## install the tools the tests use (kcat, promtool, deploy valid
 	VIRTUAL_ENV=$(abspath $(VENV)) scripts/install-test-tools.sh
 
 TEST_WORKERS ?= 2
+# the whole suite on TEST_WORKERS xdist workers; tests/conftest.py puts every stack test on one
+PYTEST_ALL = $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 test: tools ## run the whole test suite (starts its own broker and databases); TEST_WORKERS=0 runs it in one process
-	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PYTEST_ALL)
 
 test-deploy: tools ## only the static checks of Dockerfile, compose, Helm chart, alerts, dashboards
 	$(BIN)/python -m pytest -q -ra tests/deploy
@@ -51,7 +53,7 @@ chaos-loaded: tools ## the chaos suite beside a CPU hog on every core (writes be
 	scripts/with-cpu-hog.sh $(BIN)/python bench/chaos.py --out bench/results/chaos_loaded.json
 
 test-loaded: tools ## the whole test suite beside a CPU hog on every core
-	scripts/with-cpu-hog.sh $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	scripts/with-cpu-hog.sh $(PYTEST_ALL)
 
 bench: $(STAMP) ## end-to-end latency benchmark (writes bench/results/e2e_latency.json)
 	$(BIN)/python bench/e2e_latency.py

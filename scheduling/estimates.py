@@ -168,14 +168,16 @@ def _sorted(samples: Sequence[float]) -> np.ndarray:
     return _sorted_sums(samples)[0]
 
 
-def mean_left(samples: Sequence[float], done: float) -> float | None:
-    """Expected seconds left of a job that has run ``done``, its duration drawn from
+def mean_left(samples: Sequence[float], done: np.ndarray) -> np.ndarray:
+    """Expected seconds left of jobs that have run ``done``, their durations drawn from
     ``samples``: the mean of what the longer ones ran past ``done`` (the work a queue
-    holds; the median understates it under heavy tails). None: it outlived them all."""
+    holds; the median understates it under heavy tails). NaN: it outlived them all.
+    Vectorised over jobs: a long queue's jobs of one class share one sorted copy."""
     s, sums = _sorted_sums(samples)
-    i = int(np.searchsorted(s, done, side="right"))
+    i = np.searchsorted(s, done, side="right")
     n = len(s) - i
-    return float((sums[-1] - sums[i]) / n - done) if n else None
+    out: np.ndarray = np.where(n > 0, (sums[-1] - sums[i]) / np.maximum(n, 1) - done, np.nan)
+    return out
 
 
 def _left(pool: Sequence[float] | None, ran_s: float) -> np.ndarray | None:

@@ -68,11 +68,22 @@ def waited(cycle: Cycle) -> FloatArray:
 def with_mean_left(jobs: Sequence[JobRequest], done: FloatArray, left: FloatArray) -> FloatArray:
     """``left`` with the mean time left over the job's similar jobs where it has them."""
     out = left.copy()
+    # by samples object: jobs of one class share the history's tuple, so a long queue
+    # costs one vectorised pass per class, not one per job
+    groups: dict[int, tuple[tuple[float, ...], list[int]]] = {}
     for i, job in enumerate(jobs):
-        if job.runtime_samples:
-            m = mean_left(job.runtime_samples, float(done[i]))
-            if m is not None:
-                out[i] = max(m, 1.0)
+        s = job.runtime_samples
+        if s:
+            g = groups.get(id(s))
+            if g is None:
+                groups[id(s)] = (s, [i])
+            else:
+                g[1].append(i)
+    for s, members in groups.values():
+        idx = np.asarray(members, dtype=np.int64)
+        m = mean_left(s, done[idx])
+        known = ~np.isnan(m)
+        out[idx[known]] = np.maximum(m[known], 1.0)
     return out
 
 

@@ -22,7 +22,7 @@ import json
 import math
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +104,16 @@ def summary(table: dict[str, dict[str, Any]], variants: list[str]) -> dict[str, 
     return out
 
 
+def document(variants: dict[str, dict[str, dict[str, Any]]], s: dict[str, Any],
+             table: dict[str, dict[str, Any]], partial: bool) -> dict[str, Any]:
+    return {"protocol": "sim/suite.py cases and rules; Kairos = the default preset; every other variant = the "
+                        "default preset with the plugin arguments in 'variants' ('guard X': priority.fifo_guard "
+                        "= X, a job whose total wait reaches X times the peak drain time goes first and is not "
+                        "preempted again; 'hold': priority.hold_line true, a starved job that cannot start stops "
+                        "every job after it; 'no hold': false, later jobs that fit still start, as in the default)",
+            "partial": partial, "variants": variants, "summary": s, "cases": table}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", nargs="*", default=DEFAULT_CASES, help="case names or patterns")
@@ -120,23 +130,22 @@ def main() -> None:
     chosen = [c.name for c in select(a.cases)]
     todo = [(c, w, {}) for c in chosen for w in BASELINES] + [
         (c, v, o) for c in chosen for v, o in variants.items()]
+    # Philly's runs last: the longest (guard 0.5 held, over half an hour), and a run
+    # stopped then keeps every other case
+    todo.sort(key=lambda job: job[0].startswith("philly"))
     table: dict[str, dict[str, Any]] = {c: {} for c in chosen}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor(a.jobs) as pool:
-        for case, who, rec in pool.map(run_one, todo):
+        for fut in as_completed([pool.submit(run_one, job) for job in todo]):
+            case, who, rec = fut.result()
             table[case][who] = rec
             print(f"{case} {who}: avg JCT {rec['avg_jct_s'] / 3600:.2f} h, max first wait "
                   f"{rec['max_first_wait_s'] / 3600:.1f} h, max total wait {rec['max_total_wait_s'] / 3600:.1f} h",
                   flush=True)
-    s = summary(table, list(variants))
-    doc = {"protocol": "sim/suite.py cases and rules; Kairos = the default preset; every other variant = the "
-                       "default preset with the plugin arguments in 'variants' ('guard X': priority.fifo_guard "
-                       "= X, a job whose total wait reaches X times the peak drain time goes first and is not "
-                       "preempted again; 'hold': priority.hold_line true, a starved job that cannot start stops every "
-                       "job after it; 'no hold': false, later jobs that fit still start, as in the default)",
-           "variants": variants,
-           "summary": s, "cases": table}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(doc, indent=2) + "\n")
+            # written as each run ends: a run stopped early keeps what it finished
+            s = summary(table, list(variants))
+            done = sum(len(rows) for rows in table.values())
+            a.out.write_text(json.dumps(document(variants, s, table, done < len(todo)), indent=2) + "\n")
     for v, row in s.items():
         print(f"{v:22s} geomean K/T {row['geomean_kairos_over_tiresias']}  JCT>T {len(row['jct_above_tiresias'])}  "
               f"first>FIFO {len(row['first_wait_above_fifo'])}  total>FIFO {len(row['total_wait_above_fifo'])}")

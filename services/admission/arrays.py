@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.admission.store import submitted_event_id
 from shared.bus import check_size
 from shared.events import CommandAction, Envelope, JobCommand, JobState, JobSubmitted, utcnow
 from shared.job_array import ArrayIndices, element_env, element_id, new_array_id
@@ -48,7 +49,7 @@ async def insert_array(
             job_id=job_id, queue=spec.queue, tenant=tenant, user=user, spec=espec,
             submitted_at=now, array_id=array_id, array_index=index,
             array_max_running=arr.max_running)
-        env = Envelope.wrap(event, SOURCE, f"submitted-{job_id}")
+        env = Envelope.wrap(event, SOURCE, submitted_event_id(job_id))
         check_size(env, max_event_bytes)
         elements.append((job_id, index, espec, env, topic_for(event).name))
     async with engine.begin() as conn:

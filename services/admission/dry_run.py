@@ -25,7 +25,7 @@ from services.admission.arrays import element_spec
 from services.admission.auth import Principal
 from services.admission.models.dry_run import DryRunForecast, DryRunOut, DryRunQuota, QuotaDemand
 from services.admission.queue_check import queue_specs
-from services.admission.store import new_job_id
+from services.admission.store import new_job_id, submitted_event_id
 from shared.bus import check_size
 from shared.durations import in_words
 from shared.events import Envelope, JobSubmitted, utcnow
@@ -68,7 +68,7 @@ def _fits_an_event(spec: JobSpec, caller: Principal, max_bytes: int) -> JobSpec:
                  "array_max_running": arr.max_running}
     event = JobSubmitted(job_id=job_id, queue=spec.queue, tenant=caller.tenant,
                          user=caller.user, spec=one, submitted_at=utcnow(), **extra)
-    check_size(Envelope.wrap(event, "admission", f"submitted-{job_id}"), max_bytes)
+    check_size(Envelope.wrap(event, "admission", submitted_event_id(job_id)), max_bytes)
     return one
 
 

@@ -53,6 +53,7 @@ from services.admission.arrays import SOURCE
 from services.admission.ratelimit import REFUSED
 from services.admission.request_metrics import recording_status
 from services.admission.settings import AdmissionSettings
+from services.admission.store import SUBMITTED_EVENT_PREFIX
 from shared.logging import get_logger
 from shared.outbox import channel
 
@@ -69,8 +70,8 @@ SUBMIT_SECONDS = Histogram(
 INTAKE_LAG = Gauge("kairos_admission_intake_lag_seconds",
                    "Age of the oldest accepted job queueing has not taken up yet")
 # submit events of jobs behind for ``age`` seconds, published that long ago: send again
-_RESEND_STUCK = text("""UPDATE outbox SET published_at = NULL, replays = replays + 1
-    WHERE event_id IN (SELECT 'submitted-' || id FROM jobs WHERE state = 'pending'
+_RESEND_STUCK = text(f"""UPDATE outbox SET published_at = NULL, replays = replays + 1
+    WHERE event_id IN (SELECT '{SUBMITTED_EVENT_PREFIX}' || id FROM jobs WHERE state = 'pending'
                        AND reason = 'accepted' AND submitted_at < now() - make_interval(secs => :age))
       AND published_at < now() - make_interval(secs => :age) AND dead_reason IS NULL
     RETURNING event_id""")

@@ -74,6 +74,15 @@ def new_job_id() -> str:
     return "j-" + uuid.uuid4().hex[:16]
 
 
+SUBMITTED_EVENT_PREFIX = "submitted-"  # overload.py's resend matches it in SQL
+
+
+def submitted_event_id(job_id: str) -> str:
+    """The id of a job's jobs.submitted event: one per job, so a resend or a retried
+    submit is the same event to its consumers (they deduplicate by it)."""
+    return SUBMITTED_EVENT_PREFIX + job_id
+
+
 # The job, its first history entry, its jobs.submitted event and the relay's wake-up in
 # one statement: one round trip, atomic on its own (no BEGIN/COMMIT around it). A retry
 # with an Idempotency-Key already used inserts nothing (the conflict empties ``j``).
@@ -109,7 +118,7 @@ async def insert_job(
     event = JobSubmitted(job_id=job_id, queue=spec.queue, tenant=tenant, user=user,
                          spec=spec, submitted_at=now)
     # over the event limit: EventTooLarge, a 413, before anything is written
-    row_params = outbox_row(event, "admission", f"submitted-{job_id}", max_event_bytes)
+    row_params = outbox_row(event, "admission", submitted_event_id(job_id), max_event_bytes)
     async with autocommit(engine).connect() as conn:
         row = (await conn.execute(_SUBMIT, {
             "id": job_id, "name": spec.name, "queue": spec.queue, "tenant": tenant,

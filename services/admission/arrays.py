@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.admission.store import submitted_event_id
+from services.admission.event_ids import submitted_event_id
 from shared.bus import check_size
 from shared.events import CommandAction, Envelope, JobCommand, JobState, JobSubmitted, utcnow
 from shared.job_array import ArrayIndices, element_env, element_id, new_array_id

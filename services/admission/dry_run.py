@@ -23,9 +23,10 @@ from services.admission import forecaster, queues_view
 from services.admission.accept import Intake
 from services.admission.arrays import element_spec
 from services.admission.auth import Principal
+from services.admission.event_ids import submitted_event_id
 from services.admission.models.dry_run import DryRunForecast, DryRunOut, DryRunQuota, QuotaDemand
 from services.admission.queue_check import queue_specs
-from services.admission.store import new_job_id, submitted_event_id
+from services.admission.store import new_job_id
 from shared.bus import check_size
 from shared.durations import in_words
 from shared.events import Envelope, JobSubmitted, utcnow

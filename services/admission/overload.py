@@ -50,10 +50,10 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.admission.arrays import SOURCE
+from services.admission.event_ids import SUBMITTED_EVENT_PREFIX
 from services.admission.ratelimit import REFUSED
 from services.admission.request_metrics import recording_status
 from services.admission.settings import AdmissionSettings
-from services.admission.store import SUBMITTED_EVENT_PREFIX
 from shared.logging import get_logger
 from shared.outbox import channel
 

@@ -11,6 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.admission import ops_views, usage
+from services.admission.event_ids import submitted_event_id
 from services.admission.forecasts_view import apply_forecast
 from services.admission.node_health import GpuHealthTracker
 from services.admission.queues_view import apply_job_waiting, apply_queue_event
@@ -72,15 +73,6 @@ def accepts(current: JobState, current_attempt: int, new: JobState, attempt: int
 
 def new_job_id() -> str:
     return "j-" + uuid.uuid4().hex[:16]
-
-
-SUBMITTED_EVENT_PREFIX = "submitted-"  # overload.py's resend matches it in SQL
-
-
-def submitted_event_id(job_id: str) -> str:
-    """The id of a job's jobs.submitted event: one per job, so a resend or a retried
-    submit is the same event to its consumers (they deduplicate by it)."""
-    return SUBMITTED_EVENT_PREFIX + job_id
 
 
 # The job, its first history entry, its jobs.submitted event and the relay's wake-up in

@@ -85,10 +85,15 @@ def summary(table: dict[str, dict[str, Any]], variants: list[str]) -> dict[str, 
     out: dict[str, Any] = {}
     for v in variants:
         ratios, jct, first, total = [], [], [], []
+        worst_first = worst_total = 0.0
+        stops = 0
         for case, rows in table.items():
             if v not in rows or not all(b in rows for b in BASELINES):
                 continue
             k, f, t = rows[v], rows["FIFO"], rows["Tiresias"]
+            worst_first = max(worst_first, k["max_first_wait_s"] / max(f["max_first_wait_s"], 1.0))
+            worst_total = max(worst_total, k["max_total_wait_s"] / max(f["max_total_wait_s"], 1.0))
+            stops += k["preemptions"]
             r = k["avg_jct_s"] / t["avg_jct_s"]
             if queues_form(rows):
                 ratios.append(r)
@@ -100,7 +105,9 @@ def summary(table: dict[str, dict[str, Any]], variants: list[str]) -> dict[str, 
                 total.append(f"{case} {k['max_total_wait_s'] / max(f['max_total_wait_s'], 1.0):.2f}x")
         out[v] = {"geomean_kairos_over_tiresias": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3)
                   if ratios else None, "cases": len(ratios), "jct_above_tiresias": jct,
-                  "first_wait_above_fifo": first, "total_wait_above_fifo": total}
+                  "first_wait_above_fifo": first, "total_wait_above_fifo": total,
+                  "worst_first_wait_over_fifo": round(worst_first, 2),
+                  "worst_total_wait_over_fifo": round(worst_total, 2), "preemptions": stops}
     return out
 
 
@@ -148,7 +155,9 @@ def main() -> None:
             a.out.write_text(json.dumps(document(variants, s, table, done < len(todo)), indent=2) + "\n")
     for v, row in s.items():
         print(f"{v:22s} geomean K/T {row['geomean_kairos_over_tiresias']}  JCT>T {len(row['jct_above_tiresias'])}  "
-              f"first>FIFO {len(row['first_wait_above_fifo'])}  total>FIFO {len(row['total_wait_above_fifo'])}")
+              f"first>FIFO {len(row['first_wait_above_fifo'])} (worst {row['worst_first_wait_over_fifo']}x)  "
+              f"total>FIFO {len(row['total_wait_above_fifo'])} (worst {row['worst_total_wait_over_fifo']}x)  "
+              f"preemptions {row['preemptions']:,}")
 
 
 if __name__ == "__main__":

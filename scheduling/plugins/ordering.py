@@ -74,11 +74,7 @@ def with_mean_left(jobs: Sequence[JobRequest], done: FloatArray, left: FloatArra
     for i, job in enumerate(jobs):
         s = job.runtime_samples
         if s:
-            g = groups.get(id(s))
-            if g is None:
-                groups[id(s)] = (s, [i])
-            else:
-                g[1].append(i)
+            groups.setdefault(id(s), (s, []))[1].append(i)
     for s, members in groups.values():
         idx = np.asarray(members, dtype=np.int64)
         m = mean_left(s, done[idx])

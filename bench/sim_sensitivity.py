@@ -47,6 +47,7 @@ JITTER_S = 60.0  # the Muri and synthetic round: a shift below it changes no dec
 CASES = ["muri-trace3@8x8", "muri-trace3@16x8", "muri-trace4@32x8", "syn-bimodal-steady-1t@8x8",
          "muri-trace1@16x8", "muri-trace1@8x8", "syn-exp-steady-4t@8x8"]
 BASELINE = "Tiresias"
+FIFO = "FIFO"  # with --fifo: the longest first wait's bound (issue 17: within FIFO's in the same run)
 
 
 def copy_of(case: Case, k: int) -> list[TraceJob]:
@@ -63,8 +64,8 @@ def run_one(task: tuple[str, int, str, dict[str, dict[str, Any]]]) -> tuple[str,
     """One policy (Tiresias, or Kairos with ``overrides`` of its preset) on one copy."""
     name, k, who, overrides = task
     case = select([name])[0]
-    policy = BASELINE if who == BASELINE else "Kairos"
-    cfg = policy_config(policy) if who == BASELINE or not overrides else variant_config(overrides)
+    policy = who if who in (BASELINE, FIFO) else "Kairos"
+    cfg = policy_config(policy) if policy != "Kairos" or not overrides else variant_config(overrides)
     t0 = time.perf_counter()
     res = Simulation(uniform_cluster(case.nodes, 8), copy_of(case, k), cfg,
                      policy_settings(policy, case.rules)).run()
@@ -89,6 +90,12 @@ def summarise(runs: dict[str, dict[int, dict[str, Any]]], variant: str = "Kairos
         out[name] = {"ratio_by_copy": {str(k): round(v, 4) for k, v in ratios.items()},
                      "geomean": round(geomean(xs), 4), "min": round(min(xs), 4), "max": round(max(xs), 4),
                      "copies": len(xs), "copies_above_tiresias": sum(x > 1.0 for x in xs)}
+        # the longest first wait against FIFO's on the same copy, where FIFO ran
+        waits = {k: r[variant]["max_first_wait_s"] / max(r[FIFO]["max_first_wait_s"], 1e-9)
+                 for k, r in sorted(copies.items()) if variant in r and FIFO in r}
+        if waits:
+            out[name] |= {"first_wait_over_fifo_by_copy": {str(k): round(v, 3) for k, v in waits.items()},
+                          "copies_first_wait_above_fifo": sum(v > 1.0 for v in waits.values())}
     return out
 
 
@@ -112,9 +119,11 @@ def main() -> None:
     ap.add_argument("-j", "--jobs", type=int, default=1, help="runs at once, in separate processes")
     ap.add_argument("--variant", type=parse_variant, action="append", default=[],
                     help='also Kairos with these overrides of its preset: NAME={"plugin": {"arg": value}}')
+    ap.add_argument("--fifo", action="store_true", help="also FIFO: each copy's longest first wait against FIFO's")
+    ap.add_argument("--resume", action="store_true", help="keep the runs already in --out (made with the same variants) and run only the rest")
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
-    taken = [n for n, _ in a.variant if n in ("Kairos", BASELINE)]
+    taken = [n for n, _ in a.variant if n in ("Kairos", BASELINE, FIFO)]
     if taken:
         ap.error(f"--variant {taken[0]!r}: the name is taken (Kairos is the default preset, {BASELINE} the baseline)")
     variants = {"Kairos": {}, **dict(a.variant)}
@@ -126,17 +135,24 @@ def main() -> None:
         names = [c.name for c in select(a.case or CASES)]
     except ValueError as e:
         ap.error(str(e))
-    todo = [(n, k, w, o) for n in names for k in range(a.copies)
-            for w, o in {BASELINE: {}, **variants}.items()]
     runs: dict[str, dict[int, dict[str, Any]]] = {}
+    if a.resume and a.out.exists():
+        kept = json.loads(a.out.read_text()).get("runs", {})
+        runs = {n: {int(k): r for k, r in c.items()} for n, c in kept.items()}
+    who = {BASELINE: {}, **({FIFO: {}} if a.fifo else {}), **variants}
+    todo = [(n, k, w, o) for n in names for k in range(a.copies) for w, o in who.items()
+            if w not in runs.get(n, {}).get(k, {})]
     t0 = time.perf_counter()
 
     def write(partial: bool) -> None:
+        summary = summarise(runs)
+        fifo = a.fifo or any(FIFO in r for c in runs.values() for r in c.values())
         doc = {"protocol": {"copies": a.copies, "copy_0": "the suite's case (sim/suite.py)",
                             "copy_k_trace": f"every submit time + uniform [0, {JITTER_S:.0f}) s, seed k",
                             "copy_k_synthetic": "the family drawn with seed k", "baseline": BASELINE,
-                            "variants": variants},
-               "partial": partial, "wall_s": round(time.perf_counter() - t0, 1), "summary": summarise(runs), "over_cases": over_cases(summarise(runs)),
+                            "variants": variants, "fifo": fifo},
+               "partial": partial, "wall_s": round(time.perf_counter() - t0, 1),  # this invocation's
+               "summary": summary, "over_cases": over_cases(summary),
                **({"variant_summary": {v: summarise(runs, v) for v in variants if v != "Kairos"}}
                   if len(variants) > 1 else {}),
                "runs": {n: {str(k): r for k, r in sorted(c.items())} for n, c in runs.items()}}
@@ -160,8 +176,11 @@ def main() -> None:
         print(f"\n{'case':34s} {'geomean':>8s} {'min':>7s} {'max':>7s}  above Tiresias  ({v}/Tiresias, {a.copies} copies)")
         s = summarise(runs, v)
         for name, row in s.items():
+            fifo = (f"   first wait > FIFO's on {row['copies_first_wait_above_fifo']}"
+                    if "copies_first_wait_above_fifo" in row else "")
             print(f"{name:34s} {row['geomean']:8.3f} {row['min']:7.3f} {row['max']:7.3f}  "
-                  f"{row['copies_above_tiresias']}/{row['copies']}   copy 0: {row['ratio_by_copy']['0']:.3f}")
+                  f"{row['copies_above_tiresias']}/{row['copies']}   copy 0: {row['ratio_by_copy'].get('0', math.nan):.3f}"
+                  f"{fifo}")
         for k, row in over_cases(s).items():
             if k.isdigit():
                 print(f"copy {k}: geomean over {row['cases']} cases {row['geomean']:.3f}, "

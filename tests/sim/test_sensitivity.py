@@ -4,6 +4,7 @@ draw of the same family. And its summary counts what it says it counts."""
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -76,3 +77,37 @@ def test_over_cases_gives_each_copys_geomean_and_count_over_the_cases() -> None:
     assert o["1"] == {"cases": 2, "geomean": round(math.sqrt(2.0), 4), "cases_above_tiresias": 1}
     assert o["geomean_of_case_geomeans"] == round((1.0 * math.sqrt(2.0) * 1.0) ** (1 / 3), 4)
     assert over_cases({}) == {}
+
+
+def test_the_summary_gives_the_first_wait_against_fifos_where_fifo_ran() -> None:
+    def run(k: float, wait: float) -> dict[str, float]:
+        return {"avg_jct_s": k, "max_first_wait_s": wait}
+
+    s = summarise({"a": {0: {"Kairos": run(90, 10), "Tiresias": run(100, 5), "FIFO": run(120, 20)},
+                         1: {"Kairos": run(90, 30), "Tiresias": run(100, 5), "FIFO": run(120, 20)},
+                         2: {"Kairos": run(90, 30), "Tiresias": run(100, 5)}}})  # copy 2: no FIFO run
+    assert s["a"]["first_wait_over_fifo_by_copy"] == {"0": 0.5, "1": 1.5}
+    assert s["a"]["copies_first_wait_above_fifo"] == 1
+    assert "first_wait_over_fifo_by_copy" not in summarise({"b": {0: {"Kairos": run(1, 1), "Tiresias": run(1, 1)}}})["b"]
+
+
+def test_resume_runs_only_what_the_file_lacks(tmp_path: Path) -> None:
+    """A first invocation runs Tiresias and Kairos on one copy of a small case; --resume
+    --fifo then adds FIFO's run and keeps the others as they were."""
+    root, out = Path(__file__).resolve().parents[2], tmp_path / "s.json"
+    args = [sys.executable, "bench/sim_sensitivity.py", "--case", "muri-trace3@16x8", "--copies", "1", "--out", str(out)]
+    first = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=root)
+    assert first.returncode == 0, first.stderr
+    before = json.loads(out.read_text())
+    assert set(before["runs"]["muri-trace3@16x8"]["0"]) == {"Kairos", "Tiresias"}
+    again = subprocess.run([*args, "--resume", "--fifo"], capture_output=True, text=True, timeout=600, cwd=root)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count(" copy 0 ") == 1 and "copy 0 FIFO" in again.stdout  # only FIFO ran
+    after = json.loads(out.read_text())
+    runs = after["runs"]["muri-trace3@16x8"]["0"]
+    assert {k: runs[k] for k in ("Kairos", "Tiresias")} == before["runs"]["muri-trace3@16x8"]["0"]
+    row = after["summary"]["muri-trace3@16x8"]
+    assert row["first_wait_over_fifo_by_copy"]["0"] == round(
+        runs["Kairos"]["max_first_wait_s"] / runs["FIFO"]["max_first_wait_s"], 3)
+    assert row["copies_first_wait_above_fifo"] == 0  # 0.45 of FIFO's in sim_robust.json
+    assert after["protocol"]["fifo"] is True and after["partial"] is False

@@ -16,6 +16,8 @@ is above Tiresias. A case whose ratio crosses 1 between copies that differ by le
 round says the sign of its gap is not a property of the policy. ``--variant`` runs
 overrides of the default preset beside it on the same copies (as in
 ``bench/starvation_tradeoff.py``): a rule is judged over the copies, not on copy 0.
+``--fifo`` adds FIFO's runs (each copy's longest first wait against FIFO's, issue 17's
+starvation rule); ``--resume`` keeps the runs already in ``--out`` and runs the rest.
 """
 
 from __future__ import annotations
@@ -120,12 +122,14 @@ def main() -> None:
     ap.add_argument("--variant", type=parse_variant, action="append", default=[],
                     help='also Kairos with these overrides of its preset: NAME={"plugin": {"arg": value}}')
     ap.add_argument("--fifo", action="store_true", help="also FIFO: each copy's longest first wait against FIFO's")
-    ap.add_argument("--resume", action="store_true", help="keep the runs already in --out (made with the same variants) and run only the rest")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the runs already in --out (made with the same variants) and run only the rest")
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
     taken = [n for n, _ in a.variant if n in ("Kairos", BASELINE, FIFO)]
     if taken:
-        ap.error(f"--variant {taken[0]!r}: the name is taken (Kairos is the default preset, {BASELINE} the baseline)")
+        ap.error(f"--variant {taken[0]!r}: the name is taken (Kairos is the default preset, {BASELINE} and "
+                 f"{FIFO} the baselines)")
     variants = {"Kairos": {}, **dict(a.variant)}
     for overrides in variants.values():
         variant_config(overrides)  # a plugin not in the preset fails here, before any run

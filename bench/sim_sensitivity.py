@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.starvation_tradeoff import parse_variant, variant_config
 from sim.engine import Simulation
-from sim.metrics import summarize
+from sim.metrics import geomean, summarize
 from sim.policies import policy_config, policy_settings
 from sim.suite import Case, load, select
 from sim.traces import TraceJob, uniform_cluster
@@ -74,10 +74,6 @@ def run_one(task: tuple[str, int, str, dict[str, dict[str, Any]]]) -> tuple[str,
     m = summarize(res)
     return name, k, who, {"avg_jct_s": m["avg_jct_s"], "max_first_wait_s": m["max_first_wait_s"],
                           "preemptions": m["preemptions"], "wall_s": round(time.perf_counter() - t0, 1)}
-
-
-def geomean(xs: list[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
 def summarise(runs: dict[str, dict[int, dict[str, Any]]], variant: str = "Kairos") -> dict[str, Any]:
@@ -185,12 +181,13 @@ def main() -> None:
             print(f"{name:34s} {row['geomean']:8.3f} {row['min']:7.3f} {row['max']:7.3f}  "
                   f"{row['copies_above_tiresias']}/{row['copies']}   copy 0: {row['ratio_by_copy'].get('0', math.nan):.3f}"
                   f"{fifo}")
-        for k, row in over_cases(s).items():
+        every = over_cases(s)
+        for k, row in every.items():
             if k.isdigit():
                 print(f"copy {k}: geomean over {row['cases']} cases {row['geomean']:.3f}, "
                       f"{row['cases_above_tiresias']} above Tiresias")
         if s:
-            print(f"geomean of the cases' geomeans: {over_cases(s)['geomean_of_case_geomeans']:.3f}")
+            print(f"geomean of the cases' geomeans: {every['geomean_of_case_geomeans']:.3f}")
 
 
 if __name__ == "__main__":

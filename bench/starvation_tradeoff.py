@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -31,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scheduling import SchedulerConfig
 from scheduling.config import DEFAULT_PLUGINS, PluginSpec
 from sim.engine import Simulation
-from sim.metrics import summarize
+from sim.metrics import geomean, summarize
 from sim.policies import policy_config, policy_settings
 from sim.suite import KEYS, cases, load, queues_form, select
 from sim.traces import uniform_cluster
@@ -104,7 +103,7 @@ def summary(table: dict[str, dict[str, Any]], variants: list[str]) -> dict[str, 
                 first.append(f"{case} {first_ratio:.2f}x")
             if k["max_total_wait_s"] > f["max_total_wait_s"]:
                 total.append(f"{case} {total_ratio:.2f}x")
-        out[v] = {"geomean_kairos_over_tiresias": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3)
+        out[v] = {"geomean_kairos_over_tiresias": round(geomean(ratios), 3)
                   if ratios else None, "cases": len(ratios), "jct_above_tiresias": jct,
                   "first_wait_above_fifo": first, "total_wait_above_fifo": total,
                   "worst_first_wait_over_fifo": round(worst_first, 2),

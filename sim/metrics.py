@@ -10,11 +10,17 @@ every wait in the queue again after a preemption).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from sim.engine import SimResult
+
+
+def geomean(xs: list[float]) -> float:
+    """The geometric mean (of ratios such as Kairos/Tiresias over cases)."""
+    return math.exp(sum(map(math.log, xs)) / len(xs))
 
 
 def jain(xs: list[float]) -> float:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from sim.engine import SimSettings, Simulation
-from sim.metrics import summarize
+from sim.metrics import geomean, summarize
 from sim.policies import ALIASES, POLICIES, policy_config, policy_settings
 from sim.synthetic import ARRIVALS, LAWS, Family, generate
 from sim.traces import MURI, PHILLY, TraceJob, load_muri, load_philly, uniform_cluster
@@ -179,7 +178,7 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
                 if k[w] > rows["FIFO"][w]:
                     misses.append(f"{case}: Kairos {w} {k[w]:.0f} > FIFO {rows['FIFO'][w]:.0f}")
     queued = [r for c, r in ratios.items() if queues_form(doc[c])]
-    geo = math.exp(sum(map(math.log, queued)) / len(queued)) if queued else None
+    geo = geomean(queued) if queued else None
     return {"kairos_over_tiresias": ratios, "geomean_where_queues_form": round(geo, 3) if geo else None,
             "cases_where_queues_form": len(queued), "targets_missed": misses}
 

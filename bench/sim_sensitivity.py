@@ -17,7 +17,7 @@ round says the sign of its gap is not a property of the policy. ``--variant`` ru
 overrides of the default preset beside it on the same copies (as in
 ``bench/starvation_tradeoff.py``): a rule is judged over the copies, not on copy 0.
 ``--fifo`` adds FIFO's runs (each copy's longest first wait against FIFO's, issue 17's
-starvation rule); ``--resume`` keeps the runs already in ``--out`` and runs the rest.
+starvation rule); ``--resume`` keeps the runs already in ``--out`` (every variant's, named as it was) and runs the rest.
 """
 
 from __future__ import annotations
@@ -119,7 +119,8 @@ def main() -> None:
                     help='also Kairos with these overrides of its preset: NAME={"plugin": {"arg": value}}')
     ap.add_argument("--fifo", action="store_true", help="also FIFO: each copy's longest first wait against FIFO's")
     ap.add_argument("--resume", action="store_true",
-                    help="keep the runs already in --out (made with the same variants) and run only the rest")
+                    help="keep the runs already in --out, of every variant there, and run only the rest "
+                         "(a --variant named as one there must have its overrides)")
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
     taken = [n for n, _ in a.variant if n in ("Kairos", BASELINE, FIFO)]
@@ -136,9 +137,17 @@ def main() -> None:
     except ValueError as e:
         ap.error(str(e))
     runs: dict[str, dict[int, dict[str, Any]]] = {}
+    described = dict(variants)  # every variant with runs in --out: the protocol and summaries name them all
     if a.resume and a.out.exists():
-        kept = json.loads(a.out.read_text()).get("runs", {})
-        runs = {n: {int(k): r for k, r in c.items()} for n, c in kept.items()}
+        doc = json.loads(a.out.read_text())
+        kept_variants = doc.get("protocol", {}).get("variants", {})
+        for name, overrides in variants.items():
+            if name in kept_variants and kept_variants[name] != overrides:
+                ap.error(f"--variant {name!r}: the runs of {name!r} in {a.out} were made with "
+                         f"{json.dumps(kept_variants[name])}, not {json.dumps(overrides)}; give it another name "
+                         f"or another --out")
+        described = {**kept_variants, **variants}
+        runs = {n: {int(k): r for k, r in c.items()} for n, c in doc.get("runs", {}).items()}
     who = {BASELINE: {}, **({FIFO: {}} if a.fifo else {}), **variants}
     todo = [(n, k, w, o) for n in names for k in range(a.copies) for w, o in who.items()
             if w not in runs.get(n, {}).get(k, {})]
@@ -147,14 +156,15 @@ def main() -> None:
     def write(partial: bool) -> None:
         summary = summarise(runs)
         fifo = a.fifo or any(FIFO in r for c in runs.values() for r in c.values())
-        doc = {"protocol": {"copies": a.copies, "copy_0": "the suite's case (sim/suite.py)",
+        copies = max([a.copies, *(len(c) for c in runs.values())])
+        doc = {"protocol": {"copies": copies, "copy_0": "the suite's case (sim/suite.py)",
                             "copy_k_trace": f"every submit time + uniform [0, {JITTER_S:.0f}) s, seed k",
                             "copy_k_synthetic": "the family drawn with seed k", "baseline": BASELINE,
-                            "variants": variants, "fifo": fifo},
+                            "variants": described, "fifo": fifo},
                "partial": partial, "wall_s": round(time.perf_counter() - t0, 1),  # this invocation's
                "summary": summary, "over_cases": over_cases(summary),
-               **({"variant_summary": {v: summarise(runs, v) for v in variants if v != "Kairos"}}
-                  if len(variants) > 1 else {}),
+               **({"variant_summary": {v: summarise(runs, v) for v in described if v != "Kairos"}}
+                  if len(described) > 1 else {}),
                "runs": {n: {str(k): r for k, r in sorted(c.items())} for n, c in runs.items()}}
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(doc, indent=2) + "\n")

@@ -92,22 +92,32 @@ def test_the_summary_gives_the_first_wait_against_fifos_where_fifo_ran() -> None
 
 
 def test_resume_runs_only_what_the_file_lacks(tmp_path: Path) -> None:
-    """A first invocation runs Tiresias and Kairos on one copy of a small case; --resume
-    --fifo then adds FIFO's run and keeps the others as they were."""
+    """A first invocation runs Tiresias, Kairos and a variant on one copy of a small case;
+    --resume --fifo then adds FIFO's run, keeps the others as they were, and still names
+    and summarises the variant it did not ask for; a variant of that name with other
+    overrides is refused and the file left as it was."""
     root, out = Path(__file__).resolve().parents[2], tmp_path / "s.json"
     args = [sys.executable, "bench/sim_sensitivity.py", "--case", "muri-trace3@16x8", "--copies", "1", "--out", str(out)]
-    first = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=root)
+    first = subprocess.run([*args, "--variant", 'r6={"srpt": {"preempt_ratio": 6}}'], capture_output=True,
+                           text=True, timeout=600, cwd=root)
     assert first.returncode == 0, first.stderr
     before = json.loads(out.read_text())
-    assert set(before["runs"]["muri-trace3@16x8"]["0"]) == {"Kairos", "Tiresias"}
+    assert set(before["runs"]["muri-trace3@16x8"]["0"]) == {"Kairos", "Tiresias", "r6"}
     again = subprocess.run([*args, "--resume", "--fifo"], capture_output=True, text=True, timeout=600, cwd=root)
     assert again.returncode == 0, again.stderr
     assert again.stdout.count(" copy 0 ") == 1 and "copy 0 FIFO" in again.stdout  # only FIFO ran
     after = json.loads(out.read_text())
     runs = after["runs"]["muri-trace3@16x8"]["0"]
-    assert {k: runs[k] for k in ("Kairos", "Tiresias")} == before["runs"]["muri-trace3@16x8"]["0"]
+    assert {k: runs[k] for k in ("Kairos", "Tiresias", "r6")} == before["runs"]["muri-trace3@16x8"]["0"]
     row = after["summary"]["muri-trace3@16x8"]
     assert row["first_wait_over_fifo_by_copy"]["0"] == round(
         runs["Kairos"]["max_first_wait_s"] / runs["FIFO"]["max_first_wait_s"], 3)
     assert row["copies_first_wait_above_fifo"] == 0  # 0.45 of FIFO's in sim_robust.json
     assert after["protocol"]["fifo"] is True and after["partial"] is False
+    assert after["protocol"]["variants"] == {"Kairos": {}, "r6": {"srpt": {"preempt_ratio": 6}}}
+    assert after["variant_summary"]["r6"]["muri-trace3@16x8"]["ratio_by_copy"]["0"] == round(
+        runs["r6"]["avg_jct_s"] / runs["Tiresias"]["avg_jct_s"], 4)
+    clash = subprocess.run([*args, "--resume", "--variant", 'r6={"srpt": {"preempt_ratio": 3}}'],
+                           capture_output=True, text=True, timeout=120, cwd=root)
+    assert clash.returncode == 2 and "the runs of 'r6'" in clash.stderr and "Traceback" not in clash.stderr
+    assert json.loads(out.read_text()) == after

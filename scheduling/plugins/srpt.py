@@ -40,6 +40,8 @@ class SrptArgs(BaseModel):
     pay: bool = Field(False, description="a victim's stop must cost it less time (work since its "
                       "checkpoint, plus the restore) than the preemptor would wait for running jobs to end")
     restore_s: float = Field(60.0, ge=0, description="a restart's cost, beside the work lost")
+    stop_width: float | None = Field(None, ge=0, le=1, description="the stop rule compares expected "
+                                     "time left x GPUs ** this (0: time, 1: GPU-seconds); None: as `by`")
 
 
 @dataclass(slots=True)
@@ -92,6 +94,12 @@ class Srpt(Plugin):
 
     def _service(self, left: FloatArray, gpus: FloatArray) -> FloatArray:
         return left * np.maximum(gpus, 1e-3) if self.args.by == "gpu_time" else left
+
+    def _stop_width(self) -> float:
+        """The power of a job's GPUs its time left is weighed by when srpt compares a
+        victim with a preemptor: ``stop_width``, else as the order (``by``)."""
+        a = self.args
+        return a.stop_width if a.stop_width is not None else (1.0 if a.by == "gpu_time" else 0.0)
 
     def _gittins(self, jobs: Sequence[JobInfo], left: FloatArray) -> tuple[FloatArray, BoolArray]:
         """``left`` with the Gittins rank where the job's samples give one, and where they
@@ -148,7 +156,7 @@ class Srpt(Plugin):
                     g = gittins_rank(r.job.runtime_samples, float(done[i])) if r.job.runtime_samples else None
                     if g is not None:
                         left_run[i] = g
-            theirs = memo.theirs = self._service(left_run, rt.gpus)
+            theirs = memo.theirs = left_run * np.maximum(rt.gpus, 1e-3) ** self._stop_width()
             if a.pay:
                 # the time a stop throws away, and when GPUs free up without one
                 memo.cost = rt.since_checkpoint + a.restore_s
@@ -162,7 +170,7 @@ class Srpt(Plugin):
         left = remaining_by_rule(info.job.runtime_estimate_s, ran, a.unknown_s, a.overrun)
         g = gittins_rank(info.job.runtime_samples, ran) if a.rank == "gittins" and info.job.runtime_samples else None
         left = left if g is None else g
-        mine = left * max(info.gpus, 1e-3) if a.by == "gpu_time" else left
+        mine = left * max(info.gpus, 1e-3) ** self._stop_width()
         ok = theirs > a.preempt_ratio * mine
         if memo.cost is not None and memo.ends is not None and memo.freed is not None:
             # a stop pays for itself when the victim loses less than the preemptor gains:

@@ -168,3 +168,30 @@ def test_srpt_with_no_history_gives_way_by_attained_service(ran_h: float, stoppe
     plan = w.submit(job("new").gpus(8)).step()
     assert [(p.job_id, p.reason) for p in plan.preemptions] == (
         [("old", PreemptReason.SRTF)] if stopped else [])
+
+
+@pytest.mark.parametrize(
+    ("stop_width", "wide_stops_narrow", "narrow_stops_wide"),
+    [(None, True, False), (0.0, True, False), (0.5, False, True), (1.0, False, True)],
+    ids=["as-by-time", "time", "sqrt-gpus", "gpu-seconds"],
+)
+def test_srpt_stop_rule_weighs_time_left_by_a_power_of_the_gpus(
+        stop_width: float | None, wide_stops_narrow: bool, narrow_stops_wide: bool) -> None:
+    """srpt ``stop_width``: a victim must have ``preempt_ratio`` (4) times the preemptor's
+    time left x GPUs ** stop_width. An 8-GPU job expected to run 1.5 h against eight
+    1-GPU jobs with ~10 h left: by time 10 > 4 x 1.5, so it stops them; with the square
+    root 10 < 4 x 1.5 x 2.83, so it waits. A 1-GPU job with 3 h against an 8-GPU job
+    with ~10 h: by time 10 < 12; with the square root 28 > 12. The order is by time
+    throughout (``by``)."""
+    args = {"by": "time", **({"stop_width": stop_width} if stop_width is not None else {})}
+    w = world(1, "gang", ("srpt", args), "binpack")
+    for i in range(8):
+        w.start(job(f"narrow{i}").gpus(1).estimate(36_000), at=0, n0=[i])
+    plan = w.submit(job("wide").gpus(8).estimate(5_400)).step()
+    assert sorted(p.job_id for p in plan.preemptions) == (
+        [f"narrow{i}" for i in range(8)] if wide_stops_narrow else [])
+
+    w = world(1, "gang", ("srpt", args), "binpack")
+    w.start(job("wide").gpus(8).estimate(36_000), at=0, n0=list(range(8)))
+    plan = w.submit(job("narrow").gpus(1).estimate(10_800)).step()
+    assert [p.job_id for p in plan.preemptions] == (["wide"] if narrow_stops_wide else [])

@@ -135,7 +135,7 @@ def main() -> None:
     for overrides in variants.values():
         variant_config(overrides)  # a plugin not in the preset fails here, before any run
     chosen = [c.name for c in select(a.cases)]
-    todo = [(c, w, {}) for c in chosen for w in BASELINES] + [
+    todo: list[tuple[str, str, dict[str, dict[str, Any]]]] = [(c, w, {}) for c in chosen for w in BASELINES] + [
         (c, v, o) for c in chosen for v, o in variants.items()]
     # Philly's runs last: the longest (guard 0.5 held, over half an hour), and a run
     # stopped then keeps every other case

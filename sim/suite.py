@@ -158,7 +158,7 @@ def queues_form(rows: dict[str, Any]) -> bool | None:
     ref = rows.get("FIFO")
     if ref is None or not ref.get("avg_duration_s"):
         return None
-    return ref["avg_queue_s"] >= QUEUES_FORM * ref["avg_duration_s"]
+    return bool(ref["avg_queue_s"] >= QUEUES_FORM * ref["avg_duration_s"])
 
 
 def summary(doc: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from scheduling import jobcols as jc
-from scheduling.arrays import BoolArray, FloatArray
+from scheduling.arrays import BoolArray, FloatArray, IntArray
 from scheduling.estimates import expected_left, gittins_rank, remaining_by_rule
 from scheduling.framework import Cycle, JobInfo, JobPriorities, Plugin, register
 from scheduling.model import JobRequest, PreemptReason
@@ -42,6 +42,10 @@ class SrptArgs(BaseModel):
     restore_s: float = Field(60.0, ge=0, description="a restart's cost, beside the work lost")
     stop_width: float | None = Field(None, ge=0, le=1, description="the stop rule compares expected "
                                      "time left x GPUs ** this (0: time, 1: GPU-seconds); None: as `by`")
+    stop_need: float = Field(0.0, ge=0, le=1, description="the stop rule also weighs the preemptor's time "
+                             "left by (GPUs it must take from running jobs / the victim's GPUs) ** this, "
+                             "the count of victims like it, scaled by how long stopped jobs wait here to "
+                             "resume over its time left (at most 1) and at least 1; 0: off")
 
 
 @dataclass(slots=True)
@@ -53,6 +57,7 @@ class _SrptVictims:
     cost: FloatArray | None = None  # seconds each running job would lose if stopped now
     ends: FloatArray | None = None  # running jobs' expected ends (s from now), soonest first
     freed: FloatArray | None = None  # GPUs freed by then, cumulative
+    resume_wait: float | None = None  # the mean wait of the queued jobs that have run (stop_need)
 
 
 def oldest_not_behind(tenant: FloatArray, gpus: FloatArray, submit: FloatArray, alike: BoolArray,
@@ -78,6 +83,15 @@ def oldest_not_behind(tenant: FloatArray, gpus: FloatArray, submit: FloatArray, 
     return out
 
 
+def must_take(info: JobInfo, idle: IntArray) -> float:
+    """Whole GPUs a job must take from running jobs to start, at least: its replicas
+    (an elastic group's minimum), widest first, on the nodes with the most idle GPUs."""
+    per = sorted((t.gpu for t in info.tasks for _ in range(t.min_replicas or t.replicas) if t.gpu),
+                 reverse=True)
+    most = np.sort(idle)[::-1][:len(per)]
+    return float(sum(max(0.0, g - float(most[i])) if i < len(most) else g for i, g in enumerate(per)))
+
+
 @register
 class Srpt(Plugin):
     """Kairos' ordering: shortest expected remaining service first, from submit-time
@@ -100,6 +114,20 @@ class Srpt(Plugin):
         victim with a preemptor: ``stop_width``, else as the order (``by``)."""
         a = self.args
         return a.stop_width if a.stop_width is not None else (1.0 if a.by == "gpu_time" else 0.0)
+
+    def _victims_like(self, cycle: Cycle, memo: _SrptVictims, info: JobInfo, left: float) -> FloatArray:
+        """Per running job, how many jobs like it the preemptor would stop: the GPUs it
+        must take over the job's. Each is delayed by the preemptor's run at most, and
+        by how long a stopped job waits here to resume at least: a victim that gets GPUs
+        back soon loses little (Philly's many short jobs free single GPUs often; on Muri
+        stopped jobs wait long). That wait is read as the mean wait of the queued jobs
+        that have run; the count is scaled by it over the preemptor's time left."""
+        if memo.resume_wait is None:
+            stopped = cycle.cols[jc.ATTAINED] > 0
+            memo.resume_wait = float(np.mean(waited(cycle)[stopped])) if stopped.any() else 0.0
+        count = max(must_take(info, cycle.state.idle), 1.0) / np.maximum(cycle.runs().gpus, 1.0)
+        out: FloatArray = np.maximum(count * min(1.0, memo.resume_wait / max(left, 1.0)), 1.0)
+        return out
 
     def _gittins(self, jobs: Sequence[JobInfo], left: FloatArray) -> tuple[FloatArray, BoolArray]:
         """``left`` with the Gittins rank where the job's samples give one, and where they
@@ -171,6 +199,8 @@ class Srpt(Plugin):
         g = gittins_rank(info.job.runtime_samples, ran) if a.rank == "gittins" and info.job.runtime_samples else None
         left = left if g is None else g
         mine = left * max(info.gpus, 1e-3) ** self._stop_width()
+        if a.stop_need > 0:
+            mine = mine * self._victims_like(cycle, memo, info, left) ** a.stop_need
         ok = theirs > a.preempt_ratio * mine
         if memo.cost is not None and memo.ends is not None and memo.freed is not None:
             # a stop pays for itself when the victim loses less than the preemptor gains:

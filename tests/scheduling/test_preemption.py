@@ -195,3 +195,32 @@ def test_srpt_stop_rule_weighs_time_left_by_a_power_of_the_gpus(
     w.start(job("wide").gpus(8).estimate(36_000), at=0, n0=list(range(8)))
     plan = w.submit(job("narrow").gpus(1).estimate(10_800)).step()
     assert [p.job_id for p in plan.preemptions] == (["wide"] if narrow_stops_wide else [])
+
+
+@pytest.mark.parametrize(
+    ("idle", "resume_wait_h", "stopped"),
+    [
+        (0, None, True),  # no job waits to resume: a stop costs its victims nothing known
+        (0, 2.0, False),  # 8 victims x the 1.5 h run: 4 x 1.5 x 8 = 48 h > 20 h left
+        (0, 0.5, True),  # the count scaled by 0.5 h / 1.5 h: 4 x 1.5 x 2.7 = 16 h < 20 h
+        (6, 2.0, True),  # 6 GPUs idle: it takes 2 (4 x 1.5 x 2 = 12 h < 20 h)
+    ],
+    ids=["no-resume-wait", "full-node", "short-resume-wait", "two-to-take"],
+)
+def test_srpt_stop_need_counts_the_victims_a_wide_job_must_stop(
+        idle: int, resume_wait_h: float | None, stopped: bool) -> None:
+    """srpt ``stop_need``: a victim must have ``preempt_ratio`` (4) times the preemptor's
+    time left x (GPUs it must take from running jobs / the victim's GPUs), the count of
+    victims like it, scaled by how long stopped jobs wait to resume here (the mean wait
+    of queued jobs that have run) over the preemptor's time left. An 8-GPU job of 1.5 h
+    against one-GPU jobs with ~20 h left: by time alone it stops them (20 > 6)."""
+    w = world(1, "gang", ("srpt", {"by": "time", "stop_need": 1.0}), "binpack", now=100_000.0)
+    for i in range(8 - idle):
+        w.start(job(f"narrow{i}").gpus(1).estimate(72_000), at=w.now, n0=[i])
+    if resume_wait_h is not None:
+        # a stopped job that waits to resume, on a GPU model no node has
+        w.submit(job("resumer").gpus(1).models("H100").attained(600)
+                 .submit(w.now - 600 - resume_wait_h * 3600).estimate(1e7))
+    plan = w.submit(job("wide").gpus(8).estimate(5_400)).step()
+    victims = sorted(p.job_id for p in plan.preemptions)
+    assert victims == ([f"narrow{i}" for i in range(8 - idle)] if stopped else [])

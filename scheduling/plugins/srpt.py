@@ -117,11 +117,11 @@ class Srpt(Plugin):
 
     def _victims_like(self, cycle: Cycle, memo: _SrptVictims, info: JobInfo, left: float) -> FloatArray:
         """Per running job, how many jobs like it the preemptor would stop: the GPUs it
-        must take over the job's. Each is delayed by the preemptor's run at most, and
-        by how long a stopped job waits here to resume at least: a victim that gets GPUs
-        back soon loses little (Philly's many short jobs free single GPUs often; on Muri
-        stopped jobs wait long). That wait is read as the mean wait of the queued jobs
-        that have run; the count is scaled by it over the preemptor's time left."""
+        must take over the job's. Each is delayed by the lesser of the preemptor's run
+        and how long a stopped job waits here to resume: a victim that gets GPUs back
+        elsewhere soon loses little (Philly's many short jobs free single GPUs often; on
+        Muri stopped jobs wait long). That wait is read as the mean wait of the queued
+        jobs that have run; the count is scaled by it over the preemptor's time left."""
         if memo.resume_wait is None:
             stopped = cycle.cols[jc.ATTAINED] > 0
             memo.resume_wait = float(np.mean(waited(cycle)[stopped])) if stopped.any() else 0.0

@@ -86,8 +86,7 @@ def oldest_not_behind(tenant: FloatArray, gpus: FloatArray, submit: FloatArray, 
 def must_take(info: JobInfo, idle: IntArray) -> float:
     """Whole GPUs a job must take from running jobs to start, at least: its replicas
     (an elastic group's minimum), widest first, on the nodes with the most idle GPUs."""
-    per = sorted((t.gpu for t in info.tasks for _ in range(t.min_replicas or t.replicas) if t.gpu),
-                 reverse=True)
+    per = sorted((t.gpu for t in info.tasks for _ in range(t.least_replicas) if t.gpu), reverse=True)
     most = np.sort(idle)[::-1][:len(per)]
     return float(sum(max(0.0, g - float(most[i])) if i < len(most) else g for i, g in enumerate(per)))
 

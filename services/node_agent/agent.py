@@ -5,8 +5,11 @@ Bindings are idempotent (a task is keyed by job/task/attempt and started once,
 refused; with its lease expired the agent stops its tasks and starts none). A ``resize``
 binding stops the replicas it names (checkpoint signal, grace period, kill) and starts
 the new ones; the job's other tasks are not touched. Reports go out through
-``reports.py`` (kept in the outbox while they cannot be published); after a restart
-``reattach.py`` takes back what the runtime still runs.
+``reports.py`` (kept in the outbox while they cannot be published). Every task's start
+and end are kept in the node's journal (``journal.py``): after a restart ``reattach.py``
+takes back what the runtime still runs with all it had (time limit, GPUs, connection),
+and a reconcile that still lists a task that ended here gets its outcome again. Why a
+task ended travels as a code (``EndCause``) beside the words.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from services.node_agent.devices.base import DeviceBackend, GpuSample
 from services.node_agent.fencing import EpochGate, LeaseFence
 from services.node_agent.interactive import allocate, session_env
 from services.node_agent.inventory import gpu_memory_mib
+from services.node_agent.journal import Journal
 from services.node_agent.lease import Lease
 from services.node_agent.outbox import Outbox
 from services.node_agent.reattach import reattach
@@ -44,6 +48,7 @@ from shared.events import (
     Binding,
     BindingAction,
     BindingRefused,
+    EndCause,
     JobState,
     JobStatus,
     NodeHeartbeat,
@@ -68,6 +73,10 @@ class NodeAgent:
         self.shares = ShareEnforcement(devices, self.runtime, self._stop_over_share, shares)
         self.datasets = datasets or DatasetCache(configured=inventory.datasets)
         self._tasks = TaskBook()
+        # every task's start and end on this node, kept across restarts
+        self.journal = Journal(Path(state_dir, self.node_id, "journal") if state_dir else None)
+        for key in self.journal.ended_keys():  # ended here: never started again
+            self._tasks.remember(key)
         self._gpu_load = GpuLoad(inventory, devices)
         self._epochs = EpochGate(Path(state_dir, self.node_id, "epoch") if state_dir else None)
         # no lease given: never fenced (unit tests)
@@ -128,40 +137,55 @@ class NodeAgent:
             for t in b.tasks:
                 await self._start(b, t, refused)
         elif b.action is BindingAction.STOP:
-            stop_state = (JobState.PREEMPTED if b.reason.startswith("preempt")
+            cause = b.stop_cause()
+            stop_state = (JobState.PREEMPTED if cause in (EndCause.PREEMPTED, EndCause.DRAINED)
                           else JobState.CANCELLED)
             for t in b.tasks:
-                await self._stop(b, t.task_id, stop_state)
+                await self._stop(b, t.task_id, stop_state, cause)
         elif b.action is BindingAction.RESIZE:
             await self._resize(b, refused)
         elif b.action is BindingAction.RECONCILE:
             await self._reconcile_owned(b)
 
     async def _reconcile_owned(self, b: Binding) -> None:
-        """The scheduler lists every task it holds on this node (after a registration, or
-        when the node came back after it was declared lost). Any other task still running
-        here was requeued elsewhere: stop it (checkpoint signal, grace, kill) and report
-        it. A listed task this agent does not run and never ran is reported failed, so the
-        scheduler places it again. Tasks bound after this binding come after it: untouched."""
+        """The scheduler lists every task it holds on this node (after a registration, a
+        broker refill, or when the node came back after it was declared lost). Any other
+        task still running here was requeued elsewhere: stop it (checkpoint signal, grace,
+        kill) and report it. A listed task that ended here is reported again from the
+        journal: the scheduler never stored its end (a report the broker lost). A listed
+        task this node holds no record of is reported ``lost`` (a platform cause), so
+        the scheduler places it again. Tasks bound after this binding come after it."""
         owned = set(b.owned)
         stale = [key for key, rec in self._tasks.live.items()
                  if key not in owned and rec.stop_state is None]
         why = f"no longer owned: {b.reason}; the scheduler placed it elsewhere"
         for key in stale:
-            rec = self._tasks.live[key]
-            rec.stop_state, rec.stop_reason = JobState.CANCELLED, why
+            self._tasks.live[key].stopping(JobState.CANCELLED, why, EndCause.NOT_OWNED)
         if stale:
             log.warning("stopping tasks this node no longer owns", node=self.node_id,
                         tasks=stale, reason=b.reason)
         await asyncio.gather(*(self.runtime.stop(key, b.grace_period_s, reason="not_owned",
                                                  message=why) for key in stale))
-        for key in sorted(self._tasks.unseen(owned)):
+        for key in sorted(owned - self._tasks.live.keys()):
+            ended = self.journal.outcome(key)
+            if ended is not None:  # its end never reached the scheduler's store: again
+                log.info("reporting a task's end again", node=self.node_id, task=key,
+                         state=ended.state.value)
+                await self._reports.send(ended, f"{ended.state.value}-{key}")
+                continue
             job_id, task_id, attempt = split_key(key)
             self._tasks.remember(key)
-            await self._reports.send(JobStatus(
+            await self._final(key, JobStatus(
                 job_id=job_id, state=JobState.FAILED, attempt=attempt, task=task_id,
                 reason="lost: not running on this node (the agent restarted or never got "
-                "its binding)", node_id=self.node_id, epoch=b.epoch), f"failed-{key}")
+                "its binding)", cause=EndCause.LOST, node_id=self.node_id, epoch=b.epoch))
+
+    async def _final(self, key: str, status: JobStatus) -> bool:
+        """A task's last report: into the journal first (the node's record of how it
+        ended, kept until the scheduler stops listing the task), then sent. True when
+        the report is safe (published, or kept on disk)."""
+        self.journal.ended(key, status)
+        return await self._reports.send(status, f"{status.state.value}-{key}")
 
     async def _stop_over_share(self, key: str, grace_s: float, reason: str,
                                message: str) -> None:
@@ -169,7 +193,7 @@ class NodeAgent:
         rec = self._tasks.live.get(key)
         if rec is None or rec.stop_state is not None:
             return
-        rec.stop_state, rec.stop_reason = JobState.FAILED, f"{SHARE_EXCEEDED}: {message}"
+        rec.stopping(JobState.FAILED, f"{SHARE_EXCEEDED}: {message}", EndCause.SHARE_EXCEEDED)
         await self.runtime.stop(key, grace_s, reason=reason, message=message)
 
     async def _resize(self, b: Binding, refused: str | None = None) -> None:
@@ -181,7 +205,8 @@ class NodeAgent:
                  or rec.stop_state is None]
         if stops:
             log.info("resize: stopping replicas", job=b.job_id, tasks=stops, reason=b.reason)
-            await asyncio.gather(*(self._stop(b, tid, JobState.CANCELLED, "resized")
+            cause = b.cause or EndCause.RESIZED
+            await asyncio.gather(*(self._stop(b, tid, JobState.CANCELLED, cause, "resized")
                                    for tid in stops))
         for t in b.tasks:
             await self._start(b, t, refused)
@@ -194,10 +219,10 @@ class NodeAgent:
             self._tasks.remember(key)
             log.warning("fenced: binding not carried out", node=self.node_id, task=key,
                         reason=refused)
-            await self._reports.send(JobStatus(
+            await self._final(key, JobStatus(
                 job_id=b.job_id, state=JobState.FAILED, attempt=b.attempt, task=t.task_id,
-                reason=f"{FENCED}: not started: {refused}", node_id=self.node_id,
-                epoch=b.epoch), f"failed-{key}")
+                reason=f"{FENCED}: not started: {refused}", cause=EndCause.FENCED,
+                node_id=self.node_id, epoch=b.epoch))
             return
         # a runtime that names its tasks (Kubernetes: each Pod's DNS name on the Pod
         # network) gives the gang its addresses; others run on the node's address
@@ -218,37 +243,52 @@ class NodeAgent:
             rank=t.rank)
         self._tasks.live[launch.key] = rec = TaskRecord(launch, connection=conn,
                                                         started=time.monotonic())
+        # before the start: a kill right after it still leaves the limit and the GPUs
+        entry = self.journal.started(launch, time_limit_s=b.time_limit_s,
+                                     grace_s=b.grace_period_s, connection=conn)
         try:
             await self.runtime.start(launch)
         except RuntimeStartError as exc:
             self._tasks.live.pop(launch.key, None)
             self._tasks.remember(launch.key)
-            await self._reports.task_status(launch, JobState.FAILED, "start_failed", 127,
-                                            str(exc))
+            await self._final(launch.key, self._ended(
+                launch, JobState.FAILED, "start_failed", EndCause.START_FAILED, 127, str(exc)))
             return
         if launch.key not in self._tasks.live:
             return  # the runtime knew it had already ended (a restart): reported that
         if self.fence.reason is not None:  # fenced while it started: marked, not stopped
             self.fence.kill_soon(launch.key, self.fence.reason)
-        self._gpu_load.add(launch)
-        self.shares.started(launch, partial(gpu_memory_mib, self.inventory))
-        if b.time_limit_s:
-            rec.timer = asyncio.create_task(
-                self._expire(launch.key, b.time_limit_s, b.grace_period_s))
+        self._watch(rec, entry.limit_left(time.time()), entry.grace_s)
         await self._reports.task_status(launch, JobState.RUNNING, "started", connection=conn)
 
-    async def _expire(self, key: str, limit_s: float, grace_s: float) -> None:
+    def _watch(self, rec: TaskRecord, limit_left_s: float | None, grace_s: float) -> None:
+        """What a running task has on this node: its GPUs' load, the share watchdog, and
+        the timer of its time limit (what is left of it)."""
+        self._gpu_load.add(rec.launch)
+        self.shares.started(rec.launch, partial(gpu_memory_mib, self.inventory))
+        if limit_left_s is not None:
+            rec.timer = asyncio.create_task(self._expire(rec.launch.key, limit_left_s, grace_s))
+
+    def _ended(self, launch: TaskLaunch, state: JobState, reason: str, cause: EndCause,
+               exit_code: int | None = None, message: str | None = None,
+               ran_s: float | None = None, checkpoint: str | None = None) -> JobStatus:
+        return JobStatus(job_id=launch.job_id, state=state, reason=reason, cause=cause,
+                         attempt=launch.attempt, exit_code=exit_code, task=launch.task_id,
+                         node_id=self.node_id, message=message, ran_s=ran_s,
+                         checkpoint=checkpoint)
+
+    async def _expire(self, key: str, delay_s: float, grace_s: float) -> None:
         """The spec's timeLimit: stop the task (signal, grace, kill) and say why."""
-        await asyncio.sleep(limit_s)
+        await asyncio.sleep(delay_s)
         self.fence.check()
         rec = self._tasks.live.get(key)
         if rec is None or rec.stop_state is not None:
             return
-        log.info("time limit reached: stopping", task=key, limit_s=limit_s)
-        rec.stop_state, rec.stop_reason = JobState.CANCELLED, TIME_LIMIT_REACHED
+        log.info("time limit reached: stopping", task=key)
+        rec.stopping(JobState.CANCELLED, TIME_LIMIT_REACHED, EndCause.TIME_LIMIT)
         await self.runtime.stop(key, grace_s, reason="time_limit", message=TIME_LIMIT_REACHED)
 
-    async def _stop(self, b: Binding, task_id: str, state: JobState,
+    async def _stop(self, b: Binding, task_id: str, state: JobState, cause: EndCause,
                     why: str = "stopped by scheduler") -> None:
         """Checkpoint signal, grace period, then kill (the runtime's stop)."""
         key = task_key(b.job_id, task_id, b.attempt)
@@ -256,13 +296,12 @@ class NodeAgent:
         if rec is None:
             if not self._tasks.ran(key):  # never started here: nothing to stop, say so
                 self._tasks.remember(key)
-                await self._reports.send(JobStatus(
-                    job_id=b.job_id, state=state,
+                await self._final(key, JobStatus(
+                    job_id=b.job_id, state=state, cause=cause,
                     reason=f"{why}: stopped before start: {b.reason}",
-                    attempt=b.attempt, task=task_id, node_id=self.node_id, epoch=b.epoch),
-                    f"{state.value}-{key}")
+                    attempt=b.attempt, task=task_id, node_id=self.node_id, epoch=b.epoch))
             return
-        rec.stop_state, rec.stop_reason = state, why
+        rec.stopping(state, why, cause)
         await self.runtime.stop(key, b.grace_period_s, reason=state.value, message=b.reason)
 
     async def _on_exit(self, ex: TaskExit) -> None:
@@ -278,26 +317,36 @@ class NodeAgent:
         if rec.timer is not None and rec.timer is not asyncio.current_task():
             rec.timer.cancel()
         if rec.stop_state is not None:
-            state, reason = rec.stop_state, rec.stop_reason
+            state, reason, cause = rec.stop_state, rec.stop_reason, rec.stop_cause
         elif ex.exit_code == 0:
-            state, reason = JobState.SUCCEEDED, ex.reason
+            state, reason, cause = JobState.SUCCEEDED, ex.reason, EndCause.COMPLETED
         else:
-            state, reason = JobState.FAILED, ex.reason
+            state, reason, cause = JobState.FAILED, ex.reason, EndCause.FAILED
         ran_s = ex.ran_s  # the work done: the runtime's figure, else this agent's clock
         if ran_s is None and rec.started is not None:
             ran_s = round(time.monotonic() - rec.started, 3)
-        if await self._reports.task_status(rec.launch, state, reason, ex.exit_code,
-                                           ex.message or None, ran_s=ran_s,
-                                           checkpoint=ex.checkpoint):
+        if await self._final(ex.key, self._ended(rec.launch, state, reason, cause,
+                                                 ex.exit_code, ex.message or None, ran_s,
+                                                 ex.checkpoint)):
             await self.runtime.forget(ex.key)  # a restart need not report it again
 
     async def reconcile(self) -> int:
-        """After a restart: adopt the tasks the runtime still runs and report those that
-        ended while the agent was down (``reattach.py``). Returns how many were adopted."""
+        """After a restart: adopt the tasks the runtime still runs, each with what the
+        journal kept of it (``reattach.py``), and report those that ended while the agent
+        was down. Returns how many were adopted."""
         return await reattach(self.node_id, self.runtime, self._tasks, self.fence,
-                              self._reports)
+                              self._final, self._adopt)
 
-    # --- what the node tells the scheduler and the log API -------------------------------
+    def _adopt(self, key: str) -> None:
+        """Take back a task the runtime still runs, with its limit (counted from its
+        first start), its GPUs (the share watchdog's and telemetry's) and connection."""
+        entry = self.journal.get(key)
+        if entry is None:  # started before the node kept a journal: nothing to restore
+            self._tasks.adopt(TaskLaunch(*split_key(key), image="", command=(), env={},
+                                         gpus=(), cpu_milli=0, memory_mib=0))
+            return
+        rec = self._tasks.adopt(entry.launch(), entry.conn())
+        self._watch(rec, entry.limit_left(time.time()), entry.grace_s)
 
     def log_keys(self, job_id: str) -> list[str]:
         """Keys (job/task/attempt) of the job's tasks this agent runs or ran."""

@@ -21,7 +21,7 @@ from pathlib import Path
 from services.node_agent.lease import Lease
 from services.node_agent.runtimes.base import Runtime
 from services.node_agent.tasks import TaskBook
-from shared.events import FENCED, JobState
+from shared.events import FENCED, EndCause, JobState
 from shared.logging import get_logger
 
 log = get_logger(__name__)
@@ -104,7 +104,7 @@ class LeaseFence:
         waits on the broker must not hold up the kill."""
         for key, rec in self._tasks.live.items():
             if rec.stop_state is None:
-                rec.stop_state, rec.stop_reason = JobState.FAILED, f"{FENCED}: {why}"
+                rec.stopping(JobState.FAILED, f"{FENCED}: {why}", EndCause.FENCED)
             self.kill_soon(key, why)
 
     def kill_soon(self, key: str, why: str) -> None:

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from services.node_agent.runtimes.base import TaskLaunch
-from shared.events import Connection, JobState
+from shared.events import Connection, EndCause, JobState
 
 REMEMBERED = 100_000
 
@@ -22,9 +22,14 @@ class TaskRecord:
     launch: TaskLaunch
     stop_state: JobState | None = None  # set when the scheduler asked for a stop
     stop_reason: str = "stopped by scheduler"
+    stop_cause: EndCause = EndCause.CANCELLED  # why, as a code (with stop_state)
     connection: Connection | None = None  # an interactive session's, once running
     timer: asyncio.Task[None] | None = None  # stops it at the spec's timeLimit
     started: float | None = None  # monotonic clock at its start here (None: adopted)
+
+    def stopping(self, state: JobState, reason: str, cause: EndCause) -> None:
+        """Asked to stop: it will be reported ``state`` with this reason and cause."""
+        self.stop_state, self.stop_reason, self.stop_cause = state, reason, cause
 
 
 def task_key(job_id: str, task_id: str, attempt: int) -> str:
@@ -60,12 +65,10 @@ class TaskBook:
     def unseen(self, keys: set[str]) -> set[str]:
         return keys - self.live.keys() - self._ran.keys()
 
-    def adopt(self, key: str) -> None:
-        """A task found running after a restart: what it was launched with is unknown."""
-        job_id, task_id, attempt = split_key(key)
-        self.live[key] = TaskRecord(TaskLaunch(
-            job_id=job_id, task_id=task_id, attempt=attempt, image="", command=(),
-            env={}, gpus=(), cpu_milli=0, memory_mib=0))
+    def adopt(self, launch: TaskLaunch, connection: Connection | None = None) -> TaskRecord:
+        """A task found running after a restart, as the node's journal recorded it."""
+        rec = self.live[launch.key] = TaskRecord(launch, connection=connection)
+        return rec
 
     def keys_of(self, job_id: str) -> list[str]:
         """Keys of the job's tasks running or ran here."""

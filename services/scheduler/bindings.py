@@ -10,7 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from services.scheduler.model import SOURCE, Cluster, Output, Placed, SchedJob
-from shared.events import Binding, BindingAction, ClusterMember, GpuAssignment, TaskBinding
+from shared.events import (
+    Binding,
+    BindingAction,
+    ClusterMember,
+    EndCause,
+    GpuAssignment,
+    TaskBinding,
+)
 from shared.jobspec import TaskSpec
 
 HELD_S = 10 * 365 * 86400.0  # a simulated interactive session runs until returned / its limit
@@ -71,16 +78,16 @@ class Bindings:
                 action=BindingAction.RESIZE, node_id=node_id, epoch=epoch,
                 job_id=job.job_id, attempt=job.attempt, world_size=len(members),
                 master_addr=master_addr, duration_s=job.ready.spec.duration, cluster=cluster,
-                grace_period_s=grace_s, reason=reason,
+                grace_period_s=grace_s, reason=reason, cause=EndCause.RESIZED,
                 tasks=[self._task_binding(p, by_name, node_id, on_node.index(p), len(on_node))
                        for p in start if p.node_id == node_id],
                 stop_task_ids=[p.task_id for p in stop if p.node_id == node_id])
             out.emit(binding, SOURCE, event_id=f"resize-{binding.binding_id}-e{epoch}")
 
-    def stop(self, job: SchedJob, out: Output, reason: str, grace_s: float = 30.0,
-             older_only: bool = False) -> None:
+    def stop(self, job: SchedJob, out: Output, reason: str, cause: EndCause,
+             grace_s: float = 30.0, older_only: bool = False) -> None:
         """Stop the job's live tasks (or only those of older attempts), per node and
-        attempt."""
+        attempt; ``cause`` is why, as the code the agents report their end with."""
         by_node: dict[tuple[str, int], list[Placed]] = {}
         for p in job.live():
             if older_only and p.attempt >= job.attempt:
@@ -91,7 +98,8 @@ class Bindings:
             out.emit(Binding(
                 binding_id=f"{job.job_id}-{attempt}-{node_id}-stop",
                 action=BindingAction.STOP, node_id=node_id, epoch=epoch,
-                job_id=job.job_id, attempt=attempt, reason=reason, grace_period_s=grace_s,
+                job_id=job.job_id, attempt=attempt, reason=reason, cause=cause,
+                grace_period_s=grace_s,
                 tasks=[TaskBinding(task_id=p.task_id, task_name=p.task_name, role="",
                                    replica=p.replica, rank=p.rank) for p in placed],
             ), SOURCE, event_id=f"stop-{job.job_id}-{attempt}-{node_id}-e{epoch}")

@@ -14,7 +14,7 @@ from services.scheduler.model import (
     SchedJob,
 )
 from shared.events import (
-    FENCED,
+    NODE_CAUSES,
     RETURNED,
     TIME_LIMIT_REACHED,
     JobCommand,
@@ -22,6 +22,7 @@ from shared.events import (
     JobState,
     JobStatus,
 )
+from shared.events import EndCause as End
 from shared.events import TransitionReason as Code
 
 
@@ -74,7 +75,7 @@ class Lifecycle:
             self.status(out, job, JobState.PREEMPTED, Code.RECLAIMED, job.reclaimed)
             self.cluster.needs_cycle = True
         elif not job.preempted_by:
-            self.bindings.stop(job, out, job.reclaimed, grace_s=DEFAULT_GRACE_S)
+            self.bindings.stop(job, out, job.reclaimed, End.RECLAIMED, grace_s=DEFAULT_GRACE_S)
 
     def on_cancel(self, cmd: JobCommand, out: Output) -> None:
         c = self.cluster
@@ -97,7 +98,7 @@ class Lifecycle:
             job.state = JobState.CANCELLED
             self.status(out, job, JobState.CANCELLED, Code.CANCELLED, cmd.reason or "cancelled")
         else:
-            self.bindings.stop(job, out, "cancelled")
+            self.bindings.stop(job, out, "cancelled", End.CANCELLED)
 
     def on_task_status(self, st: JobStatus, out: Output) -> None:
         job = self.cluster.jobs.get(st.job_id)
@@ -141,7 +142,8 @@ class Lifecycle:
                 self.status(out, job, JobState.CANCELLED, Code.CANCELLED,
                             job.cancel_reason or "cancelled")
             return
-        if st.reason == TIME_LIMIT_REACHED and st.state is JobState.CANCELLED and \
+        cause = st.end_cause()
+        if cause is End.TIME_LIMIT and st.state is JobState.CANCELLED and \
                 job.state in (JobState.BOUND, JobState.RUNNING) and not job.preempted_by:
             self._time_limit(job, out)
             return
@@ -157,14 +159,15 @@ class Lifecycle:
         elif st.state in (JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED) and \
                 job.state in (JobState.BOUND, JobState.RUNNING):
             # an agent that could not renew its lease stopped it: like a lost node
+            # its node lost, cut off, or restarted without it: not the job's failure
             self.retry_or_fail(job, out, f"task {st.task} {st.state.value}: {st.reason}",
-                               st.exit_code, node_lost=st.reason.startswith(FENCED))
+                               st.exit_code, node_lost=cause in NODE_CAUSES)
 
     def _time_limit(self, job: SchedJob, out: Output) -> None:
         """A task reached the spec's timeLimit: the job ends, no retry. An interactive
         environment was simply held until its limit (cancelled); a batch job failed."""
         assert job.ready is not None
-        self.bindings.stop(job, out, TIME_LIMIT_REACHED)
+        self.bindings.stop(job, out, TIME_LIMIT_REACHED, End.TIME_LIMIT)
         job.cancel_requested = True  # the other tasks' reports change nothing any more
         if job.ready.spec.interactive:
             job.state = JobState.CANCELLED
@@ -183,7 +186,7 @@ class Lifecycle:
             if job.preempted_by:
                 job.preempted_by = ""
             else:
-                self.bindings.stop(job, out, job.reclaimed)
+                self.bindings.stop(job, out, job.reclaimed, End.RECLAIMED)
             job.state = JobState.PREEMPTED
             self.status(out, job, JobState.PREEMPTED, Code.RECLAIMED, job.reclaimed)
             self.cluster.needs_cycle = True
@@ -194,7 +197,7 @@ class Lifecycle:
                         f"preempted for {job.preempted_by}")
             job.preempted_by = ""
         else:
-            self.bindings.stop(job, out, why)
+            self.bindings.stop(job, out, why, End.RETRY)
         job.drain_requeue = False
         if node_lost:
             job.node_losses += 1

@@ -9,6 +9,7 @@ from services.scheduler.bindings import Bindings
 from services.scheduler.jobs import Lifecycle
 from services.scheduler.model import SOURCE, Cluster, NodeView, Output
 from shared.events import (
+    EndCause,
     JobState,
     JobStatus,
     NodeAction,
@@ -125,7 +126,7 @@ class NodeOps:
             job.drain_requeue = True
             out.dirty_jobs.add(job.job_id)
             self.bindings.stop(job, out, f"preempted (drain) for node {node_id}",
-                               grace_s=grace_s)
+                               EndCause.DRAINED, grace_s=grace_s)
 
     def check_drained(self, node_id: str, out: Output) -> None:
         """A draining node where nothing of ours runs any more is announced drained."""

@@ -37,6 +37,7 @@ from services.scheduler.rows import JobRow, job_from_row, job_row
 from services.scheduler.snapshot import SnapshotBuilder
 from shared.events import (
     CommandAction,
+    EndCause,
     Event,
     JobCommand,
     JobReady,
@@ -126,7 +127,7 @@ class SchedulerState(Cluster):
             victim.preempted_by = pre.preemptor
             out.dirty_jobs.add(victim.job_id)
             self.bindings.stop(victim, out, f"preempted ({pre.reason.value}) for {pre.preemptor}",
-                               grace_s=pre.grace_period_s)
+                               EndCause.PREEMPTED, grace_s=pre.grace_period_s)
         for rz in plan.resizes:
             self.resizes.apply(rz, out)
         for job_id, binds in plan.binds_by_job().items():
@@ -172,17 +173,18 @@ class SchedulerState(Cluster):
             if any(p.attempt < job.attempt for p in job.live()):
                 # the stop of a retried attempt's tasks may never have reached its agent,
                 # and the retry waits for them
-                stop(job, out, "an older attempt of a retried job", grace_s=DEFAULT_GRACE_S,
-                     older_only=True)
+                stop(job, out, "an older attempt of a retried job", EndCause.RETRY,
+                     grace_s=DEFAULT_GRACE_S, older_only=True)
             if job.state is JobState.BOUND and not job.cancel_requested:
                 self.bindings.allocate(job, job.current(), out)
             if job.cancel_requested and any(True for _ in job.live()):
-                stop(job, out, "cancelled")
+                stop(job, out, "cancelled", EndCause.CANCELLED)
             elif job.preempted_by and any(True for _ in job.live()):
                 # the stop a preemption or a drain sent may never have reached the agent
-                stop(job, out, f"preempted for {job.preempted_by}")
+                stop(job, out, f"preempted for {job.preempted_by}",
+                     EndCause.DRAINED if job.drain_requeue else EndCause.PREEMPTED)
             elif job.reclaimed and any(True for _ in job.live()):
-                stop(job, out, job.reclaimed, grace_s=DEFAULT_GRACE_S)
+                stop(job, out, job.reclaimed, EndCause.RECLAIMED, grace_s=DEFAULT_GRACE_S)
             elif job.state in (JobState.BOUND, JobState.RUNNING) and not job.preempted_by:
                 self.resizes.resend(job, out)
 

@@ -55,8 +55,12 @@ from shared.events.queues import (
     WaitingJob,
 )
 from shared.events.reasons import (
+    NODE_CAUSES,
+    PLATFORM_CAUSES,
+    EndCause,
     TransitionReason,
     WaitReason,
+    classify_end,
     classify_transition,
     from_pending,
     wait_reason,
@@ -66,6 +70,8 @@ from shared.events.system import BrokerIncarnation, DeadLetter
 __all__ = [
     "EVENT_TYPES",
     "FENCED",
+    "NODE_CAUSES",
+    "PLATFORM_CAUSES",
     "RETURNED",
     "TIME_LIMIT_REACHED",
     "Binding",
@@ -76,6 +82,7 @@ __all__ = [
     "CommandAction",
     "Connection",
     "DeadLetter",
+    "EndCause",
     "Envelope",
     "Event",
     "GpuAssignment",
@@ -107,6 +114,7 @@ __all__ = [
     "TransitionReason",
     "WaitReason",
     "WaitingJob",
+    "classify_end",
     "classify_transition",
     "from_pending",
     "utcnow",

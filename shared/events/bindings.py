@@ -9,6 +9,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.events.base import Event
+from shared.events.reasons import EndCause, EndCode
 
 
 class GpuAssignment(BaseModel):
@@ -76,6 +77,9 @@ class Binding(Event):
     duration_s: float | None = None
     grace_period_s: float = 30.0
     reason: str = ""
+    cause: EndCode = Field(
+        default=None, description="stop / resize: why the tasks are stopped, as a code "
+        "(shared/events/reasons.py EndCause); the agent reports their end with it")
     stop_task_ids: list[str] = Field(
         default_factory=list, description="resize: tasks of the job to stop on this node "
         "(checkpoint signal, grace period, kill); the others keep running")
@@ -90,6 +94,12 @@ class Binding(Event):
 
     def key(self) -> str:
         return self.node_id
+
+    def stop_cause(self) -> EndCause:
+        """Why this stop's tasks end: its code, or (an older scheduler) its text's."""
+        if self.cause is not None:
+            return self.cause
+        return EndCause.PREEMPTED if self.reason.startswith("preempt") else EndCause.CANCELLED
 
 
 class BindingRefused(Event):

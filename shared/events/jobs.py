@@ -11,7 +11,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.events.base import Event
-from shared.events.reasons import TransitionCode, WaitCode
+from shared.events.reasons import EndCause, EndCode, TransitionCode, WaitCode, classify_end
 from shared.jobspec import JobSpec
 
 
@@ -122,9 +122,16 @@ class JobStatus(Event):
     checkpoint: str | None = Field(
         default=None, description="a task that ended: the last checkpoint it recorded "
         "(KAIROS_CHECKPOINT_FILE / the Pod's termination message), where known")
+    cause: EndCode = Field(
+        default=None, description="a task's end: why, as a code (shared/events/reasons.py "
+        "EndCause); absent from an older agent: read end_cause()")
 
     def key(self) -> str:
         return self.job_id
+
+    def end_cause(self) -> EndCause:
+        """Why this task ended: its code, or (an older agent) what its text says."""
+        return self.cause or classify_end(self.state.value, self.reason)
 
 
 class JobWaiting(Event):

@@ -62,6 +62,33 @@ code                meaning                                             set by
 ``other``           none of the above; also an unknown code's fallback  readers
 ==================  ==================================================  ==============
 
+**EndCause** — why a task ended, or why the scheduler asks it to stop (task-level
+``JobStatus.cause``, set by the agent; ``Binding.cause`` of a stop or resize, set by the
+scheduler). Code decides on these, never on the words beside them. A *platform* cause
+(``PLATFORM_CAUSES``) is never the job's fault: it leaves the job's ``maxRetry`` alone.
+
+==================  ==========================================================
+code                meaning
+==================  ==========================================================
+``completed``       it exited 0
+``failed``          it exited non-zero on its own
+``start_failed``    the runtime could not start it
+``cancelled``       its user cancelled the job (or returned the environment)
+``preempted``       stopped for a higher-priority job (platform)
+``reclaimed``       stopped: its queue took back borrowed quota (platform)
+``drained``         stopped: its node is drained (platform)
+``resized``         a replica an elastic shrink removed (platform)
+``retry``           the rest of an attempt that is retried after a failure
+``time_limit``      it reached its spec's timeLimit
+``share_exceeded``  it used more of a shared GPU than its share
+``fenced``          its agent could not renew its lease (platform)
+``lost``            its agent holds no record of it: restarted without it, or
+                    never got its binding (platform)
+``node_lost``       its node was declared lost (platform)
+``not_owned``       the scheduler placed it elsewhere (platform)
+``other``           none of the above; also an unknown code's fallback
+==================  ==========================================================
+
 An event from an older producer has no ``reason_code``: ``classify_transition`` reads it
 from the text, as the monitor did before codes existed.
 """
@@ -115,6 +142,35 @@ class TransitionReason(StrEnum):
     OTHER = "other"
 
 
+class EndCause(StrEnum):
+    """Why a task ended or is asked to stop (the module's table says what each means)."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    START_FAILED = "start_failed"
+    CANCELLED = "cancelled"
+    PREEMPTED = "preempted"
+    RECLAIMED = "reclaimed"
+    DRAINED = "drained"
+    RESIZED = "resized"
+    RETRY = "retry"
+    TIME_LIMIT = "time_limit"
+    SHARE_EXCEEDED = "share_exceeded"
+    FENCED = "fenced"
+    LOST = "lost"
+    NODE_LOST = "node_lost"
+    NOT_OWNED = "not_owned"
+    OTHER = "other"
+
+
+# not the job's doing: an attempt ended by one of these does not spend its maxRetry
+PLATFORM_CAUSES = frozenset({
+    EndCause.PREEMPTED, EndCause.RECLAIMED, EndCause.DRAINED, EndCause.RESIZED,
+    EndCause.FENCED, EndCause.LOST, EndCause.NODE_LOST, EndCause.NOT_OWNED})
+# the task's node, not the task, is gone or cut off
+NODE_CAUSES = frozenset({EndCause.FENCED, EndCause.LOST, EndCause.NODE_LOST})
+
+
 # the codes queueing sets (the rest are the scheduler's)
 QUEUEING_WAITS = (WaitReason.QUOTA, WaitReason.RECLAIM, WaitReason.QUEUE_CLOSED,
                   WaitReason.ARRAY_LIMIT, WaitReason.PRIORITY)
@@ -141,11 +197,21 @@ def _transition(value: Any) -> Any:
         return TransitionReason.OTHER
 
 
+def _end_cause(value: Any) -> Any:
+    if value is None or isinstance(value, EndCause):
+        return value
+    try:
+        return EndCause(value)
+    except ValueError:
+        return EndCause.OTHER
+
+
 # the event fields: a newer producer's code this reader lacks reads as the fallback
 # instead of failing the whole event
 WaitCode = Annotated[WaitReason, BeforeValidator(
     lambda v: v if isinstance(v, WaitReason) else wait_reason(v))]
 TransitionCode = Annotated[TransitionReason | None, BeforeValidator(_transition)]
+EndCode = Annotated[EndCause | None, BeforeValidator(_end_cause)]
 
 # An older producer's text, by prefix (first match wins): what the scheduler and
 # queueing wrote before codes (services/scheduler/jobs.py, state.py, resizes.py,
@@ -178,3 +244,26 @@ def classify_transition(text: str) -> TransitionReason:
     if "nodes lost under it" in low:
         return TransitionReason.NODE_LOST
     return TransitionReason.CANCELLED if "cancel" in low else TransitionReason.OTHER
+
+
+# What an older agent wrote before causes (``fenced: ...``, ``time limit reached``,
+# ``lost: ...``), by prefix; otherwise the state says it.
+_END_PREFIXES = (
+    ("fenced", EndCause.FENCED),
+    ("time limit reached", EndCause.TIME_LIMIT),
+    ("lost:", EndCause.LOST),
+    ("preempt", EndCause.PREEMPTED),
+    ("share_exceeded", EndCause.SHARE_EXCEEDED),
+)
+_END_OF_STATE = {"succeeded": EndCause.COMPLETED, "failed": EndCause.FAILED,
+                 "cancelled": EndCause.CANCELLED, "preempted": EndCause.PREEMPTED}
+
+
+def classify_end(state: str, text: str) -> EndCause:
+    """The cause of a task's end that came without one (an older agent), from its text
+    and state. Only for such events: code reads ``cause``."""
+    low = text.strip().lower()
+    for prefix, cause in _END_PREFIXES:
+        if low.startswith(prefix):
+            return cause
+    return _END_OF_STATE.get(state, EndCause.OTHER)

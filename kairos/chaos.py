@@ -38,22 +38,26 @@ from aiokafka import TopicPartition
 
 from kairos.check import TOPICS, History, Violation, check
 from kairos.netns import unavailable as netns_unavailable
+from kairos.node_records import check_records, journal_entries
 from kairos.stack import Proc, Stack
 from shared.bus import Consumer, ConsumerOptions, Producer
 from shared.config import CommonSettings
-from shared.events import FENCED, Envelope, Event, JobState, JobStatus, NodeLost
+from shared.events import EndCause, Envelope, Event, JobState, JobStatus, NodeLost
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 JOB_KINDS = {"not_terminal", "double_run", "stale_epoch"}  # violations about one job
 CHAOS_ENV = {
     "KAIROS_HEARTBEAT_S": "1", "KAIROS_TELEMETRY_S": "2", "KAIROS_LOST_AFTER_S": "12",
-    "KAIROS_FENCE_AFTER_S": "7", "KAIROS_SESSION_TIMEOUT_MS": "6000",
-    "KAIROS_REBALANCE_TIMEOUT_MS": "6000", "KAIROS_HEARTBEAT_INTERVAL_MS": "500",
+    "KAIROS_FENCE_AFTER_S": "7",  # group timeouts: the embedded stack's own (stack.py)
 }
 
 
-def job_spec(rnd: random.Random, i: int) -> tuple[dict[str, Any], bool]:
-    """A job of the mix, and whether to cancel it soon after."""
+def job_spec(rnd: random.Random, i: int, limits: bool = False) -> tuple[dict[str, Any], bool]:
+    """A job of the mix, and whether to cancel it soon after. ``limits``: the mix also
+    holds batch jobs that run past their timeLimit and interactive environments on GPU
+    shares (held until their timeLimit), so that a fault can be judged on both."""
+    if limits and rnd.random() < 0.4:
+        return limited_spec(rnd, i), False
     kind = rnd.choices(["one", "share", "multi", "gang", "urgent"], [40, 20, 15, 20, 5])[0]
     res: dict[str, Any] = {"gpu": 1}
     replicas = 1
@@ -70,6 +74,18 @@ def job_spec(rnd: random.Random, i: int) -> tuple[dict[str, Any], bool]:
             "priorityClass": "urgent" if kind == "urgent" else rnd.choice(["low", "normal"]),
             "tasks": [{"name": "worker", "replicas": replicas, "resources": res}]}
     return spec, rnd.random() < 0.08
+
+
+def limited_spec(rnd: random.Random, i: int) -> dict[str, Any]:
+    """A batch job stopped by its timeLimit (it would run longer), or an interactive
+    environment on a GPU share, held until its timeLimit."""
+    if rnd.random() < 0.5:
+        return {"name": f"chaos-limited-{i}", "duration": round(rnd.uniform(15, 25), 1),
+                "timeLimit": rnd.choice([4, 6, 8]), "maxRetry": 1,
+                "tasks": [{"name": "worker", "resources": {"gpu": 1}}]}
+    return {"kind": "Interactive", "name": f"chaos-env-{i}", "timeLimit": rnd.choice([5, 8]),
+            "tasks": [{"name": "session", "resources": {"gpuMemory": 10240,
+                                                        "gpuCompute": 25}}]}
 
 
 def first_running_after(history: History, jobs: set[str]) -> float | None:
@@ -199,6 +215,7 @@ class Chaos:
     recorder: Recorder
     client: Client
     seed: int = 7
+    stop_took_s: float | None = None  # a full restart's graceful stop, the last one
     _reported: set[Violation] = field(default_factory=set)
 
     # --- the faults ------------------------------------------------------------------------
@@ -234,6 +251,22 @@ class Chaos:
         os.kill(pid, signal.SIGINT)  # a fast shutdown, as `pg_ctl restart -m fast`; the
         # supervisor starts it again on the same data
 
+    def kill_postgres(self) -> None:
+        """kill -9 of the postmaster: no shutdown at all, as a crash of its machine looks
+        to the services (its backends die with it); the supervisor starts it again."""
+        assert self.stack._pg is not None and self.stack._pg._server is not None
+        os.kill(self.stack._pg._server.get_postmaster_info().pid, signal.SIGKILL)
+
+    def full_restart(self) -> None:
+        """Ctrl-C of `kairos up`, then `kairos up` again on the same state: the graceful
+        stop (Stack.stop), then a start that keeps PostgreSQL's data, the agents' state
+        and the broker's address (it comes back empty, as the embedded one does)."""
+        self.stack.fresh = False
+        began = time.monotonic()
+        self.stack.stop()
+        self.stop_took_s = time.monotonic() - began  # recovery counts from the Ctrl-C
+        self.stack.start()
+
     def restart_broker(self) -> None:
         assert self.stack._broker is not None and self.stack._broker._proc is not None
         self.stack._broker._proc.kill()  # the supervisor starts an empty one
@@ -267,7 +300,7 @@ class Chaos:
         started = time.monotonic()
         for i in range(jobs):
             time.sleep(max(0.0, started + i / rate_per_s - time.monotonic()))
-            spec, cancel = job_spec(rnd, i)
+            spec, cancel = job_spec(rnd, i, limits=name in LIMITS_MIX)
             job = self.client.submit(spec)
             if job:
                 accepted.append((time.time(), job))
@@ -289,16 +322,29 @@ class Chaos:
                                  else v not in self._reported)]
         self._reported.update(report.violations)
         report.reruns = {j: r for j, r in report.reruns.items() if j in states}
+        # what the nodes' own journals say: work they finished that was not recorded as
+        # such, platform causes that spent retries, tasks that ran past their limit
+        records = check_records(journal_entries(self.stack.workdir / "agents"), history,
+                                states)
+        report.violations += records.violations
         flowing = first_running_after(history, {j for at, j in accepted if at > fault_at[0]})
         recovery = None if flowing is None else max(ready_at[0], flowing) - fault_at[0]
+        stop_s, self.stop_took_s = self.stop_took_s, None
         return {
             "recovery_s": None if recovery is None else round(recovery, 1),
+            # a full restart: how long the graceful stop took, and recovery from the start
+            **({} if stop_s is None else {
+                "stop_s": round(stop_s, 1),
+                "recovery_from_start_s": None if recovery is None
+                else round(recovery - stop_s, 1)}),
             "lost": report.count("not_terminal"),
             "double_runs": len({v.subject for v in report.violations if v.kind == "double_run"}),
             "errors_5xx": self.client.errors_5xx - errors_before,
             "unavailable_503": self.client.unavailable_503 - unavailable_before,
             "overloaded_429": self.client.overloaded_429 - overloaded_before,
             "violations": len(report.violations),
+            "wrongly_failed": len(records.wrongly_failed),
+            "limit_overruns": len(records.limit_overruns),
             "jobs": len(ids), "reruns_with_reason": sum(len(v) for v in report.reruns.values()),
             "states": {s: list(states.values()).count(s) for s in sorted(set(states.values()))},
             "details": [f"{v.kind} {v.subject}: {v.detail}" for v in report.violations[:20]],
@@ -311,7 +357,8 @@ class Chaos:
                                        if p.name in pids and p.popen.pid != pids[p.name]),
             "fenced_tasks": sum(1 for at, ev in history.events
                                 if isinstance(ev, JobStatus) and ev.task is not None
-                                and ev.job_id in states and ev.reason.startswith(FENCED)),
+                                and ev.job_id in states
+                                and ev.end_cause() is EndCause.FENCED),
         }
 
     def _wait_ready(self, deadline_s: float) -> float:
@@ -386,6 +433,11 @@ def partition_agent(c: Chaos, seconds: float = 20.0) -> None:
 
 
 FAULTS["partition_agent_past_lost_timeout"] = partition_agent
+FAULTS["agent_restart_with_limits"] = FAULTS["kill_agent"]  # with the limits mix
+FAULTS["postgres_kill_during_job_ends"] = lambda c: c.kill_postgres()
+FAULTS["full_restart_under_load"] = lambda c: c.full_restart()
+# faults whose workload also holds time-limited jobs and interactive environments
+LIMITS_MIX = {"agent_restart_with_limits", "full_restart_under_load"}
 FAULTS["node_lost_for_good"] = node_lost_for_good  # last: it takes capacity away
 PARTITIONED_AGENT = "node1"  # its own network namespace, where one can be made
 

@@ -48,6 +48,9 @@ def _saved_token() -> str | None:
 def up(
     nodes: Annotated[int, typer.Option(help="simulated nodes")] = 4,
     gpus: Annotated[int, typer.Option(help="GPUs per simulated node")] = 8,
+    nodes_per_agent: Annotated[int, typer.Option(
+        help="simulated nodes per node-agent process: one agent fault takes down one "
+        "slice of the cluster, as one node's agent does in production", min=1)] = 4,
     port: Annotated[int, typer.Option(help="gateway port")] = 8000,
     with_demo: Annotated[bool, typer.Option("--demo", help="submit example jobs")] = False,
     reset_first: Annotated[bool, typer.Option(
@@ -60,7 +63,8 @@ def up(
     if reset_first:
         reset()
     # KAIROS_DEV_TOKEN, when set, wins over a saved one (as it does in Stack)
-    stack = Stack(nodes=nodes, gpus_per_node=gpus, admission_port=port, fresh=False,
+    stack = Stack(nodes=nodes, gpus_per_node=gpus, nodes_per_agent=nodes_per_agent,
+                  admission_port=port, fresh=False,
                   token=os.environ.get("KAIROS_DEV_TOKEN") or _saved_token(),
                   say=lambda msg: console.print(msg, markup=False, highlight=False))
     console.print("starting broker, database and services ...")
@@ -70,11 +74,13 @@ def up(
         nonlocal stopping
         stopping = True
 
-    # Ctrl-C reaches the services too (one process group): they stop on their own while
-    # we notice the flag. Supervision runs in this loop, never after the flag is up, so
-    # a service gone after Ctrl-C is not restarted.
+    # Ctrl-C reaches this process alone (each part runs in a process group of its own):
+    # Stack.stop then stops the parts in an order that loses nothing in flight.
+    # Supervision runs in this loop, never after the flag is up, so a part stopped on
+    # the way out is not restarted.
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGHUP, _stop)  # the terminal closed
     try:
         stack.start()
         PROFILE.parent.mkdir(parents=True, exist_ok=True)

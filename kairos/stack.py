@@ -41,6 +41,15 @@ MODULES = {"forecaster": "services.scheduler.forecaster"}
 WORKDIR = Path(".kairos")  # `kairos up`'s state: PostgreSQL's data, agents' state, logs
 # in the workdir while a stack runs: every part, its URL and log (`kairos status` reads it)
 SERVICES_FILE = "services.json"
+# a graceful stop waits at most this long for the agents' last reports to be read
+DRAIN_S = 10.0
+# The embedded broker gives a restarted group member (queueing after a kill -9) its
+# partitions about twice its session after the kill: 18 s at the default 10 s session,
+# 4.2 s at 2 s (bench/group_rejoin.py). Apache Kafka refuses sessions under 6 s by
+# default (group.min.session.timeout.ms), so only the embedded stack shortens them.
+EMBEDDED_GROUP_TIMEOUTS = {"KAIROS_SESSION_TIMEOUT_MS": "2000",
+                           "KAIROS_HEARTBEAT_INTERVAL_MS": "400",
+                           "KAIROS_REBALANCE_TIMEOUT_MS": "4000"}
 
 
 def _new_dev_token() -> str:
@@ -48,8 +57,11 @@ def _new_dev_token() -> str:
 
 
 def _spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    # a process group of its own: a Ctrl-C in the terminal reaches `kairos up` alone,
+    # which stops the parts in order (Stack.stop), not all at once
     with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                process_group=0)
 
 
 @dataclass
@@ -109,7 +121,9 @@ class Stack:
     workdir: Path = WORKDIR
     nodes: int = 4
     gpus_per_node: int = 8
-    nodes_per_agent: int = 16  # simulated nodes per node-agent process
+    # simulated nodes per node-agent process: a few, so that one agent fault takes down
+    # a slice of the cluster (production runs one agent per node)
+    nodes_per_agent: int = 4
     admission_port: int = 8000
     kafka_bootstrap: str | None = None
     database_url: str | None = None
@@ -127,6 +141,7 @@ class Stack:
     isolate_agents: tuple[str, ...] = ()
     netns: dict[str, NetworkNamespace] = field(default_factory=dict)  # by service name
     procs: list[Proc] = field(default_factory=list)
+    broker_port: int | None = None  # the embedded broker's, kept for a restart
     _broker: EmbeddedBroker | None = None
     _pg: EmbeddedPostgres | None = None
     _supervisor: Supervisor | None = None
@@ -147,7 +162,10 @@ class Stack:
         if not self.kafka_bootstrap:
             self._broker = EmbeddedBroker(host=broker_host,
                                           log_path=self.workdir / "logs" / "broker.log")
+            if self.broker_port:  # started before: the same address (a full restart)
+                self._broker.port = self.broker_port
             self.kafka_bootstrap = self._broker.start()
+            self.broker_port = self._broker.port
         self.database_url = self.database_url or os.environ.get("KAIROS_DATABASE_URL")
         if not self.database_url:
             self._pg = EmbeddedPostgres(self.workdir / "pg", fresh=self.fresh)
@@ -261,6 +279,8 @@ class Stack:
         })
         if self._broker is not None:  # a refill recreates the topics as we made them
             env["KAIROS_TOPIC_PARTITIONS_MAX"] = str(self.embedded_partitions)
+            for key, value in EMBEDDED_GROUP_TIMEOUTS.items():  # unless the caller set one
+                env.setdefault(key, value)
         env.update(self.env)
         env.update(extra or {})
         return env
@@ -367,29 +387,48 @@ class Stack:
         return proc.popen.returncode
 
     def stop(self) -> None:
+        """Stop in an order that loses nothing in flight: the agents first (no report is
+        sent after them), then, once the scheduler and the gateway have read and stored
+        what the agents sent, the services, then the broker, then PostgreSQL. (An end
+        that was lost all the same is reported again from the agent's journal when its
+        node registers next time.)"""
         with self._lock:  # waits for a restart in progress; none starts after this
             self._halt.set()
         if self._thread:
             self._thread.join(30)
-        for p in self.procs:
+        agents = [p for p in self.procs if p.name.startswith("node-agent")]
+        self._terminate(agents)
+        if self.kafka_bootstrap and agents:
+            from kairos.drain import wait_consumed
+            from shared.topics import JOBS_STATUS
+
+            asyncio.run(wait_consumed(self.kafka_bootstrap, ("scheduler", "admission"),
+                                      [JOBS_STATUS.name], timeout_s=DRAIN_S))
+        self._terminate([p for p in self.procs if p not in agents])
+        self.procs.clear()
+        self.services_file.unlink(missing_ok=True)
+        if self._broker:
+            self._broker.stop()
+            self.kafka_bootstrap, self._broker = None, None  # a start makes it anew
+        if self._pg:
+            self._pg.stop()
+            self.database_url, self._pg = None, None
+        for ns in self.netns.values():
+            ns.delete()
+        self.netns.clear()
+
+    @staticmethod
+    def _terminate(procs: list[Proc], timeout_s: float = 15) -> None:
+        for p in procs:
             if p.popen.poll() is None:
                 p.popen.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for p in self.procs:
+        deadline = time.monotonic() + timeout_s
+        for p in procs:
             try:
                 p.popen.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.popen.kill()
                 p.popen.wait()
-        self.procs.clear()
-        self.services_file.unlink(missing_ok=True)
-        if self._broker:
-            self._broker.stop()
-        if self._pg:
-            self._pg.stop()
-        for ns in self.netns.values():
-            ns.delete()
-        self.netns.clear()
 
     def __enter__(self) -> Stack:
         return self.start()

@@ -7,8 +7,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import event, text
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
@@ -68,13 +66,17 @@ def session_factory(engine: AsyncEngine) -> async_sessionmaker[Any]:
     return async_sessionmaker(engine, expire_on_commit=False)
 
 
-def _alembic_config() -> Config:
+def _alembic_config() -> Any:
+    from alembic.config import Config  # only where migrations run: a service start, once
+
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     return cfg
 
 
 def _upgrade(conn: Connection) -> None:
+    from alembic import command
+
     cfg = _alembic_config()
     cfg.attributes["connection"] = conn
     command.upgrade(cfg, "head")

@@ -192,10 +192,13 @@ async def request_cancel(engine: AsyncEngine, job_id: str, requested_by: str) ->
 
 async def apply_events(engine: AsyncEngine, items: list[tuple[Envelope, Event]],
                        gpu_health: GpuHealthTracker | None = None) -> None:
-    """Apply a batch of events to the read model in one transaction. The read model can
-    be rebuilt from the topics, so it does not wait for its commit to reach disk.
-    Telemetry counts only with ``gpu_health`` (the consumer's memory of what is stored);
-    samples that change nothing open no transaction."""
+    """Apply a batch of events to the read model in one transaction, committed durably
+    before the consumer commits its offsets: a job's last transition lost in a crash of
+    PostgreSQL would show the job running forever (its event is never read again). Only
+    a batch of heartbeats and telemetry, which the next interval writes again, does not
+    wait for its commit to reach disk. Telemetry counts only with ``gpu_health`` (the
+    consumer's memory of what is stored); samples that change nothing open no
+    transaction."""
     items = [(env, ev) for env, ev in items if not isinstance(ev, NodeTelemetry)
              or (gpu_health is not None and not gpu_health.skip(ev))]
     if not items:
@@ -232,7 +235,8 @@ async def _apply_heartbeats(conn: AsyncConnection,
 async def _apply_events(engine: AsyncEngine, items: list[tuple[Envelope, Event]],
                         gpu_health: GpuHealthTracker | None) -> None:
     async with engine.begin() as conn:
-        await conn.execute(text("SET LOCAL synchronous_commit = off"))
+        if all(isinstance(ev, NodeHeartbeat | NodeTelemetry) for _, ev in items):
+            await conn.execute(text("SET LOCAL synchronous_commit = off"))
         beats: dict[str, tuple[Envelope, NodeHeartbeat]] = {}  # plain ones, held back
         for env, event in items:
             if isinstance(event, NodeHeartbeat) and event.datasets is None:

@@ -21,7 +21,7 @@ from services.scheduler.model import Output
 from services.scheduler.rows import JobRow, NodeRow, node_from_row, node_row
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.state import SchedulerState
-from shared.bus import Consumer, ConsumerOptions
+from shared.bus import Consumer, ConsumerOptions, all_partitions
 from shared.errors import NonRetryable
 from shared.events import Envelope, Event, NodeSchedulability
 from shared.http import HttpServer, ops_app
@@ -245,10 +245,15 @@ async def main(settings: SchedulerSettings | None = None) -> None:
     await svc.flush()
     watch = BrokerWatch(settings, rt.engine, rt.producer)
     watch.on_new_incarnation(svc.resend)
+    # Only the lease's holder reads, so it takes every partition itself (committing as
+    # the group "scheduler") instead of joining a group: a restarted leader reads at
+    # once, where a new group member waits out the dead one's session first (18 s with
+    # the default session on the embedded broker: bench/group_rejoin.py).
+    topics = [JOBS_READY.name, JOBS_STATUS.name, JOBS_COMMANDS.name, NODES_LIFECYCLE.name,
+              NODES_TELEMETRY.name]
     rt.add_consumer(Consumer(
-        settings,
-        ConsumerOptions("scheduler", [JOBS_READY.name, JOBS_STATUS.name, JOBS_COMMANDS.name,
-                                      NODES_LIFECYCLE.name, NODES_TELEMETRY.name]),
+        settings, ConsumerOptions("scheduler", topics,
+                                  assign=await all_partitions(rt.producer, topics)),
         svc.handle, rt.producer, on_batch_end=svc.flush))
     rt.add_loop(lease.watch)  # returns, ending the service, once the lease is lost
     rt.add_loop(svc.relay.run)

@@ -16,7 +16,7 @@ from shared.bus.admin import ensure_topics, partition_for, wait_for_broker
 from shared.bus.codec import check_size, decode_record
 from shared.bus.consumer import Consumer, ConsumerOptions
 from shared.bus.dispatch import BatchHandler, BatchHook, Handler
-from shared.bus.producer import Producer
+from shared.bus.producer import Producer, all_partitions
 
 __all__ = [
     "BatchHandler",
@@ -25,6 +25,7 @@ __all__ = [
     "ConsumerOptions",
     "Handler",
     "Producer",
+    "all_partitions",
     "check_size",
     "decode_record",
     "ensure_topics",

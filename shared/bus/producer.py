@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaProducer, TopicPartition
 
 from shared import metrics
 from shared.bus.codec import check_size
@@ -84,3 +84,10 @@ class Producer:
 
     async def send_raw(self, topic: str, key: bytes | None, value: bytes) -> None:
         await self._producer.send_and_wait(topic, value, key=key)
+
+
+async def all_partitions(producer: Producer, topics: Sequence[str]) -> list[TopicPartition]:
+    """Every partition of ``topics``: the manual assignment of a reader that holds a
+    lease (it reads alone, so it need not wait for a group to rebalance)."""
+    return [TopicPartition(t, p) for t in topics
+            for p in range(await producer.partition_count(t))]

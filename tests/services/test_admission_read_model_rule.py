@@ -66,3 +66,29 @@ async def test_a_replay_changes_nothing_and_a_move_clears_what_it_ends(db_url: s
                 " (SELECT count(*) FROM task_runs WHERE job_id = :j AND ended_at IS NULL)"
                 " AS open_runs FROM jobs WHERE id = :j"), {"j": job})).one()
         assert (row.state, row.ends, row.waits, row.open_runs) == ("succeeded", 1, 0, 0)
+
+
+async def test_a_batch_with_a_transition_commits_durably_liveness_alone_need_not(
+        db_url: str) -> None:
+    """A job's last transition must survive a crash of PostgreSQL right after the
+    consumer committed its offsets (issue 40: once, a task's end was missing after a
+    kill -9 of the postmaster). A batch of heartbeats alone may skip the wait for disk:
+    the next interval writes it again. Read from the statements the batch really sends."""
+    from sqlalchemy import event
+
+    from shared.events import Envelope, NodeHeartbeat
+
+    async with gateway(db_url) as gw:
+        tok = await gw.token("vision")
+        job = await gw.submit(tok)
+        sent: list[str] = []
+        event.listen(gw.engine.sync_engine, "before_cursor_execute",
+                     lambda conn, cursor, stmt, *rest: sent.append(stmt))
+        beat = NodeHeartbeat(node_id="n1")
+        await store.apply_events(gw.engine, [(Envelope.wrap(beat, "agent"), beat)])
+        assert any("synchronous_commit = off" in s for s in sent)
+        sent.clear()
+        end = JobStatus(job_id=job, state=JobState.FAILED, reason="x")
+        await store.apply_events(gw.engine, [(Envelope.wrap(beat, "agent"), beat),
+                                             (Envelope.wrap(end, "scheduler"), end)])
+        assert sent and not any("synchronous_commit" in s for s in sent)

@@ -345,6 +345,7 @@ class Chaos:
             "violations": len(report.violations),
             "wrongly_failed": len(records.wrongly_failed),
             "limit_overruns": len(records.limit_overruns),
+            "rerun_after_node_lost": len(records.rerun_after_node_lost),
             "jobs": len(ids), "reruns_with_reason": sum(len(v) for v in report.reruns.values()),
             "states": {s: list(states.values()).count(s) for s in sorted(set(states.values()))},
             "details": [f"{v.kind} {v.subject}: {v.detail}" for v in report.violations[:20]],

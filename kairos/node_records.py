@@ -12,6 +12,11 @@ phase and counts:
 - ``limit_overruns``: a task that ran longer than its time limit (plus its grace and a
   little slack for the agent's tick) on its node.
 
+An attempt that finished on a node the monitor had declared lost (a partition: the
+report could not get through in time) and ran again is not a violation: the platform
+could not know, and running it again is what a lost node must mean. Those are counted
+apart (``rerun_after_node_lost``), so that they stay visible.
+
 Pure over what it is given (``journal_entries`` reads the files), as ``check`` is.
 """
 
@@ -31,6 +36,7 @@ from shared.events import (
     EndCause,
     JobState,
     JobStatus,
+    NodeLost,
     TransitionReason,
 )
 
@@ -42,6 +48,7 @@ OWN_FAULTS = {EndCause.FAILED, EndCause.START_FAILED, EndCause.SHARE_EXCEEDED,
 @dataclass
 class RecordReport:
     wrongly_failed: set[str] = field(default_factory=set)
+    rerun_after_node_lost: set[str] = field(default_factory=set)
     limit_overruns: list[str] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
 
@@ -81,10 +88,15 @@ def check_records(entries: list[dict[str, Any]], history: History,
 def _finished_work(outcomes: dict[str, JobStatus], history: History,
                    job_states: dict[str, str], report: RecordReport) -> None:
     bound: dict[tuple[str, int], set[str]] = defaultdict(set)  # (job, attempt) -> tasks
+    on_lost: set[tuple[str, int]] = set()  # attempts on a node declared lost after binding
+    nodes: dict[tuple[str, int], set[str]] = defaultdict(set)
     for _, ev in history.events:
         if isinstance(ev, Binding) and ev.action is BindingAction.ALLOCATE \
                 and ev.job_id in job_states:
             bound[(ev.job_id, ev.attempt)].update(t.task_id for t in ev.tasks)
+            nodes[(ev.job_id, ev.attempt)].add(ev.node_id)
+        elif isinstance(ev, NodeLost):
+            on_lost.update(a for a, held in nodes.items() if ev.node_id in held)
     last = {}  # the last attempt each job was bound with
     for job, attempt in bound:
         last[job] = max(last.get(job, 0), attempt)
@@ -95,6 +107,9 @@ def _finished_work(outcomes: dict[str, JobStatus], history: History,
         if not all(e is not None and e.state is JobState.SUCCEEDED for e in ends):
             continue
         if job_states[job] != "succeeded" or last[job] != attempt:
+            if (job, attempt) in on_lost:
+                report.rerun_after_node_lost.add(job)
+                continue
             report.wrongly_failed.add(job)
             report.violations.append(Violation(
                 "finished_not_recorded", job,

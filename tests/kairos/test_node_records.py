@@ -16,6 +16,7 @@ from shared.events import (
     Event,
     JobState,
     JobStatus,
+    NodeLost,
     TaskBinding,
     TransitionReason,
 )
@@ -54,9 +55,8 @@ def test_work_a_node_finished_must_end_the_job_succeeded() -> None:
     assert {v.kind for v in r.violations} == {"finished_not_recorded"}
     # a gang with one task not finished is not a finished attempt
     h = history(bound("G", 1, "w-0", "w-1"))
-    assert not check_records(done[:1] + [entry("G/w-0/1", JobState.SUCCEEDED,
-                                               EndCause.COMPLETED)], h,
-                             {"G": "failed"}).wrongly_failed
+    half = [entry("G/w-0/1", JobState.SUCCEEDED, EndCause.COMPLETED)]
+    assert not check_records(half, h, {"G": "failed"}).wrongly_failed
 
 
 def test_a_platform_cause_must_not_spend_the_last_retry() -> None:
@@ -75,3 +75,14 @@ def test_a_task_past_its_limit_is_an_overrun() -> None:
                entry("U/w-0/1", JobState.SUCCEEDED, EndCause.COMPLETED, ran_s=25, limit_s=5)]
     r = check_records(entries, History(), {"T": "failed", "U": "succeeded"})
     assert r.limit_overruns == ["U/w-0/1"]
+
+
+def test_work_finished_on_a_node_declared_lost_may_run_again() -> None:
+    """A partition: the report could not get through before the node was declared lost,
+    so running it again is what the platform must do; counted apart, not a violation."""
+    from shared.events import utcnow
+
+    done = [entry("P/w-0/1", JobState.SUCCEEDED, EndCause.COMPLETED)]
+    h = history(bound("P"), NodeLost(node_id="n1", last_seen=utcnow()), bound("P", 2))
+    r = check_records(done, h, {"P": "succeeded"})
+    assert (r.wrongly_failed, r.rerun_after_node_lost, r.violations) == (set(), {"P"}, [])

@@ -81,6 +81,19 @@ def bind(job: str, duration: float = 600, node: str = "n1",
                                       rank=0, command=command or [])])
 
 
+def process_agent(publish: Callable[[Event, str | None], Awaitable[None]], state_dir: Path,
+                  fence_after_s: float) -> NodeAgent:
+    """An agent of the local-process runtime on node n1: its tasks are real process groups
+    that outlive it (``runtime.close()`` is what kill -9 leaves of it)."""
+    from services.node_agent.runtimes.local_process import LocalProcessRuntime
+
+    devices = SimulatedDevices("n1", 2)
+    return NodeAgent(
+        node_inventory("n1", devices, 8000, 16384, "r0", runtime="process"), devices,
+        lambda on_exit: LocalProcessRuntime(on_exit, state_dir / "n1", poll_s=0.05),
+        publish, str(state_dir), lease=Lease(fence_after_s, state_dir / "n1" / "lease"))
+
+
 def sim_agent(publish: Callable[[Event, str | None], Awaitable[None]], lease: Lease,
               state_dir: str = "") -> NodeAgent:
     devices = SimulatedDevices("n1", 8)

@@ -19,12 +19,9 @@ from pathlib import Path
 import psutil
 
 from services.node_agent.agent import NodeAgent
-from services.node_agent.devices.simulated import SimulatedDevices
-from services.node_agent.inventory import node_inventory
 from services.node_agent.journal import Journal
 from services.node_agent.lease import Lease
 from services.node_agent.runtimes.base import GpuGrant, TaskLaunch
-from services.node_agent.runtimes.local_process import LocalProcessRuntime
 from shared.events import (
     Binding,
     BindingAction,
@@ -35,7 +32,7 @@ from shared.events import (
     TaskBinding,
 )
 from tests.node_agent.harness import until
-from tests.services.test_agent_fencing import Broker, bind, sim_agent
+from tests.services.test_agent_fencing import Broker, bind, process_agent, sim_agent
 
 
 def agent(broker: Broker, tmp_path: Path) -> NodeAgent:
@@ -151,16 +148,9 @@ async def test_a_local_process_adopted_after_a_kill_stops_at_its_limit(tmp_path:
     """The same for a real process: it outlives the agent in its own process group."""
     broker = Broker()
 
-    def process_agent() -> NodeAgent:
-        devices = SimulatedDevices("n1", 2)
-        return NodeAgent(
-            node_inventory("n1", devices, 8000, 16384, "r0", runtime="process"), devices,
-            lambda on_exit: LocalProcessRuntime(on_exit, tmp_path / "n1", poll_s=0.05),
-            broker, str(tmp_path), lease=Lease(30, tmp_path / "n1" / "lease"))
-
     marker = f"600.{uuid.uuid4().int % 10**9:09d}"
     try:
-        first = process_agent()
+        first = process_agent(broker, tmp_path, fence_after_s=30)
         b = limited("P", limit_s=1.5)
         b = b.model_copy(update={"tasks": [b.tasks[0].model_copy(
             update={"command": ["sleep", marker]})]})
@@ -168,7 +158,7 @@ async def test_a_local_process_adopted_after_a_kill_stops_at_its_limit(tmp_path:
         first.renewed(time.monotonic())
         await first.runtime.close()  # the agent dies; its task keeps running
 
-        again = process_agent()
+        again = process_agent(broker, tmp_path, fence_after_s=30)
         again.renewed(time.monotonic())
         assert await again.reconcile() == 1
         await until(lambda: len(broker.states("P")) == 2, timeout=15)

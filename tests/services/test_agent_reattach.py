@@ -23,15 +23,12 @@ import psutil
 import pytest
 
 from services.node_agent.agent import NodeAgent
-from services.node_agent.devices.simulated import SimulatedDevices
-from services.node_agent.inventory import node_inventory
 from services.node_agent.lease import Lease, LeaseBook
-from services.node_agent.runtimes.local_process import LocalProcessRuntime
 from shared.bus import Producer
 from shared.events import BindingAction, NodeHeartbeat, NodeRegistered
 from tests.node_agent.agent_process import agent_process, feed
 from tests.node_agent.harness import until
-from tests.services.test_agent_fencing import Broker, bind, sim_agent
+from tests.services.test_agent_fencing import Broker, bind, process_agent, sim_agent
 
 
 def task_file(state_dir: Path, node: str, key: str) -> dict[str, float]:
@@ -117,23 +114,16 @@ async def test_a_local_process_found_after_the_grace_is_killed_not_adopted(
     within the grace they are adopted (test_agent_process_runtime.py); after it, killed."""
     broker = Broker()
 
-    def process_agent() -> NodeAgent:
-        devices = SimulatedDevices("n1", 2)
-        return NodeAgent(
-            node_inventory("n1", devices, 8000, 16384, "r0", runtime="process"), devices,
-            lambda on_exit: LocalProcessRuntime(on_exit, tmp_path / "n1", poll_s=0.05),
-            broker, str(tmp_path), lease=Lease(2, tmp_path / "n1" / "lease"))
-
     marker = f"600.{uuid.uuid4().int % 10**9:09d}"
     try:
-        first = process_agent()
+        first = process_agent(broker, tmp_path, fence_after_s=2)
         await first.handle(bind("P", command=["sleep", marker]))
         first.renewed(time.monotonic())
         await first.runtime.close()  # the agent dies; its task keeps running
         await until(lambda: len(sleepers(marker)) == 1)
         await until(lambda: time.time() > lease_stamp(tmp_path, "n1") + 2.5)
 
-        again = process_agent()
+        again = process_agent(broker, tmp_path, fence_after_s=2)
         again.renewed(time.monotonic())  # its first heartbeat, before the adoption
         assert await again.reconcile() == 0
         await until(lambda: not sleepers(marker))

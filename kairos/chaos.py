@@ -15,7 +15,11 @@ not ended), ``double_runs`` (jobs that ran in two places), ``errors_5xx`` (answe
 500 and up other than a 503 with ``Retry-After``, which is the designed answer while a
 dependency is away; those are counted as ``unavailable_503``), ``overloaded_429`` (a
 gateway refusing submits while the platform is behind: the client waits and retries),
-``violations``.
+``violations``; ``after_fault_ended_s`` (recovery counted from the end of a fault that
+lasts: a pause resumed, a partition healed, a full restart's start done) and
+``first_job_running_s`` (until a job submitted after the fault runs, on any node); from
+the agents' own journals (``kairos/node_records.py``) ``wrongly_failed`` and
+``limit_overruns``.
 """
 
 from __future__ import annotations
@@ -285,12 +289,14 @@ class Chaos:
         accepted: list[tuple[float, str]] = []  # (wall clock when accepted, job)
         cancels: list[str] = []
         fault_at: list[float] = []  # wall clock
+        injected_at: list[float] = []  # when the fault ended (a pause resumed, a restart ...)
         ready_at: list[float] = []
 
         def fault() -> None:
             time.sleep(fault_after_s)
             fault_at.append(time.time())
             inject(self)
+            injected_at.append(time.time())
             time.sleep(1.0)  # a supervisor notices an exit within a second
             ready_at.append(self._wait_ready(drain_s))
 
@@ -332,6 +338,12 @@ class Chaos:
         stop_s, self.stop_took_s = self.stop_took_s, None
         return {
             "recovery_s": None if recovery is None else round(recovery, 1),
+            # from the fault's end (a pause resumed, a partition healed; a kill ends at
+            # once) until every service is ready and a job submitted after it runs
+            "after_fault_ended_s": None if recovery is None else round(
+                max(ready_at[0], flowing or 0.0) - injected_at[0], 1),
+            # from the fault until the first job submitted after it runs (on any node)
+            "first_job_running_s": None if flowing is None else round(flowing - fault_at[0], 1),
             # a full restart: how long the graceful stop took, and recovery from the start
             **({} if stop_s is None else {
                 "stop_s": round(stop_s, 1),

@@ -13,8 +13,10 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 async def wait_consumed(bootstrap: str, groups: Sequence[str], topics: Sequence[str],
                         timeout_s: float) -> bool:
-    """True once every group's committed offset reaches the end of every partition of
-    ``topics``; False when ``timeout_s`` passed first (or the broker did not answer)."""
+    """True once every group's committed offset reaches where every partition of
+    ``topics`` ended when called (what was sent until then: later messages, such as the
+    admissions of submits still coming in, are not waited for); False when ``timeout_s``
+    passed first (or the broker did not answer)."""
     deadline = time.monotonic() + timeout_s
     readers = [AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=g,
                                 enable_auto_commit=False, request_timeout_ms=3000)
@@ -24,10 +26,10 @@ async def wait_consumed(bootstrap: str, groups: Sequence[str], topics: Sequence[
             await r.start()
         tps = [TopicPartition(t, p) for t in topics
                for p in sorted(readers[0].partitions_for_topic(t) or ())] if readers else []
+        ends = await readers[0].end_offsets(tps) if tps else {}
         while time.monotonic() < deadline:
-            ends = await readers[0].end_offsets(tps) if tps else {}
-            if all(_caught_up(ends, {tp: await r.committed(tp) for tp in tps})
-                   for r in readers):
+            committed = [{tp: await r.committed(tp) for tp in tps} for r in readers]
+            if all(_caught_up(ends, c) for c in committed):
                 return True
             await asyncio.sleep(0.2)
         return False

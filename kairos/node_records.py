@@ -97,7 +97,7 @@ def _finished_work(outcomes: dict[str, JobStatus], history: History,
             nodes[(ev.job_id, ev.attempt)].add(ev.node_id)
         elif isinstance(ev, NodeLost):
             on_lost.update(a for a, held in nodes.items() if ev.node_id in held)
-    last = {}  # the last attempt each job was bound with
+    last: dict[str, int] = {}  # the last attempt each job was bound with
     for job, attempt in bound:
         last[job] = max(last.get(job, 0), attempt)
     for (job, attempt), tasks in bound.items():

@@ -12,6 +12,7 @@ from services.scheduler.model import (
     Cluster,
     Output,
     SchedJob,
+    Stopping,
 )
 from shared.events import (
     NODE_CAUSES,
@@ -65,17 +66,19 @@ class Lifecycle:
         once stopped, hand it back to its queue (``preempted``), which admits it again
         later with a new attempt. It is not retried here."""
         job = self.cluster.jobs.get(cmd.job_id)
-        if job is None or job.ready is None or job.state in TERMINAL or \
-                job.cancel_requested or job.reclaimed:
+        if job is None or job.ready is None or job.state in TERMINAL or job.ending or \
+                job.reclaimed:
             return
-        job.reclaimed = cmd.reason or "quota reclaimed"
+        why = cmd.reason or "quota reclaimed"
+        in_flight = job.preempted  # a preemption's stop already goes out
+        job.ask_stop(End.RECLAIMED, why)
         out.dirty_jobs.add(job.job_id)
         if job.state is JobState.ADMITTED:  # not placed yet: nothing to stop
             job.state = JobState.PREEMPTED
-            self.status(out, job, JobState.PREEMPTED, Code.RECLAIMED, job.reclaimed)
+            self.status(out, job, JobState.PREEMPTED, Code.RECLAIMED, why)
             self.cluster.needs_cycle = True
-        elif not job.preempted_by:
-            self.bindings.stop(job, out, job.reclaimed, End.RECLAIMED, grace_s=DEFAULT_GRACE_S)
+        elif not in_flight:
+            self.bindings.stop(job, out, why, End.RECLAIMED, grace_s=DEFAULT_GRACE_S)
 
     def on_cancel(self, cmd: JobCommand, out: Output) -> None:
         c = self.cluster
@@ -84,17 +87,17 @@ class Lifecycle:
             return  # it ended already: nothing to cancel (and its row stays as it ended)
         if job is None:
             c.jobs[cmd.job_id] = SchedJob(cmd.job_id, None, JobState.CANCELLED, 0,
-                                          c.next_seq(), cancel_requested=True,
-                                          cancel_reason=cmd.reason)
+                                          c.next_seq(),
+                                          stopping=Stopping(End.CANCELLED, cmd.reason))
             out.dirty_jobs.add(cmd.job_id)
             return
-        if job.state in TERMINAL - {JobState.PREEMPTED} or job.cancel_requested:
+        if job.state in TERMINAL - {JobState.PREEMPTED} or job.ending:
             return
-        job.cancel_requested = True
-        job.cancel_reason = cmd.reason if cmd.reason == RETURNED else ""
+        handed_back = job.state is JobState.PREEMPTED and job.reclaimed
+        job.ask_stop(End.CANCELLED, cmd.reason if cmd.reason == RETURNED else "")
         out.dirty_jobs.add(job.job_id)
         # reclaimed: back with its queue (which cancels it there too, if it holds it)
-        if job.state is JobState.ADMITTED or (job.state is JobState.PREEMPTED and job.reclaimed):
+        if job.state is JobState.ADMITTED or handed_back:
             job.state = JobState.CANCELLED
             self.status(out, job, JobState.CANCELLED, Code.CANCELLED, cmd.reason or "cancelled")
         else:
@@ -136,15 +139,16 @@ class Lifecycle:
         """The job's state after one of its current tasks reported ``st``."""
         tasks = job.current()
         states = {p.state for p in tasks}
-        if job.cancel_requested:
+        if job.ending:
             if all(s in TERMINAL for s in states) and job.state not in TERMINAL:
+                assert job.stopping is not None
                 job.state = JobState.CANCELLED
                 self.status(out, job, JobState.CANCELLED, Code.CANCELLED,
-                            job.cancel_reason or "cancelled")
+                            job.stopping.detail or "cancelled")
             return
         cause = st.end_cause()
         if cause is End.TIME_LIMIT and st.state is JobState.CANCELLED and \
-                job.state in (JobState.BOUND, JobState.RUNNING) and not job.preempted_by:
+                job.state in (JobState.BOUND, JobState.RUNNING) and not job.preempted:
             self._time_limit(job, out)
             return
         if st.state is JobState.RUNNING and job.state is JobState.BOUND and states == {
@@ -168,7 +172,7 @@ class Lifecycle:
         environment was simply held until its limit (cancelled); a batch job failed."""
         assert job.ready is not None
         self.bindings.stop(job, out, TIME_LIMIT_REACHED, End.TIME_LIMIT)
-        job.cancel_requested = True  # the other tasks' reports change nothing any more
+        job.ask_stop(End.TIME_LIMIT)  # the other tasks' reports change nothing any more
         if job.ready.spec.interactive:
             job.state = JobState.CANCELLED
             self.status(out, job, JobState.CANCELLED, Code.TIME_LIMIT, TIME_LIMIT_REACHED)
@@ -182,23 +186,22 @@ class Lifecycle:
         spend its maxRetry: an attempt ended by a preemption, a drain or a lost node is
         requeued apart (``requeues``)."""
         assert job.ready is not None
-        if job.reclaimed:  # back to its queue, which admits it again when quota allows
-            if job.preempted_by:
-                job.preempted_by = ""
-            else:
-                self.bindings.stop(job, out, job.reclaimed, End.RECLAIMED)
+        stopping = job.stopping
+        if stopping is not None and job.reclaimed:  # back to its queue, which admits it
+            if not job.preempted:  # again when quota allows
+                self.bindings.stop(job, out, stopping.detail, End.RECLAIMED)
+            job.stopping = Stopping(End.RECLAIMED, stopping.detail)  # no stop in flight now
             job.state = JobState.PREEMPTED
-            self.status(out, job, JobState.PREEMPTED, Code.RECLAIMED, job.reclaimed)
+            self.status(out, job, JobState.PREEMPTED, Code.RECLAIMED, stopping.detail)
             self.cluster.needs_cycle = True
             return
-        not_its_fault = node_lost or job.drain_requeue or bool(job.preempted_by)
-        if job.preempted_by:  # its tasks were already asked to stop
+        not_its_fault = node_lost or job.preempted  # or a drain: a platform cause
+        if stopping is not None and job.preempted:  # its tasks were already asked to stop
             self.status(out, job, JobState.PREEMPTED, Code.PREEMPTED,
-                        f"preempted for {job.preempted_by}")
-            job.preempted_by = ""
+                        f"preempted for {stopping.detail}")
         else:
             self.bindings.stop(job, out, why, End.RETRY)
-        job.drain_requeue = False
+        job.stopping = None
         if node_lost:
             job.node_losses += 1
         if not_its_fault:  # preempted, drained or its node lost: this attempt does not count

@@ -8,12 +8,13 @@ the scheduler publish and persist.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scheduling import GpuUse
 from services.scheduler.history import JobHistory
 from shared.events import (
+    EndCause,
     Envelope,
     Event,
     JobReady,
@@ -66,6 +67,31 @@ class Placed:
                       "gpus": tuple(GpuUse(*g) for g in d["gpus"])})
 
 
+# a stop for good: the job ends once its tasks have stopped
+ENDING = frozenset({EndCause.CANCELLED, EndCause.TIME_LIMIT})
+# a stop for other work: the job runs again with a new attempt, its retries untouched
+FOR_OTHERS = frozenset({EndCause.PREEMPTED, EndCause.DRAINED})
+_STRENGTH = {EndCause.PREEMPTED: 0, EndCause.DRAINED: 0, EndCause.RECLAIMED: 1,
+             EndCause.CANCELLED: 2, EndCause.TIME_LIMIT: 2}
+
+
+@dataclass(frozen=True)
+class Stopping:
+    """Why the scheduler asked a job's current attempt to stop: one typed cause (the
+    code its stop bindings carry, ``EndCause``) and, for people, a detail.
+
+    ``cancelled`` (detail ``returned`` for an interactive environment handed back) and
+    ``time_limit`` end the job once its tasks have stopped; ``preempted`` (detail: the
+    preemptor) and ``drained`` (the node) run it again with a new attempt that does not
+    spend a retry; ``reclaimed`` (its queue's reason) hands it back to its queue.
+    ``after``: the cause whose stop was already sent when this one came (a reclaim or a
+    cancel during a preemption): that stop is in flight, none is sent again."""
+
+    cause: EndCause
+    detail: str = ""
+    after: EndCause | None = None
+
+
 @dataclass
 class SchedJob:
     job_id: str
@@ -74,16 +100,42 @@ class SchedJob:
     attempt: int
     seq: int  # arrival order, for FIFO among pending jobs
     placed: list[Placed] = field(default_factory=list)  # includes tasks of older attempts
-    cancel_requested: bool = False
+    stopping: Stopping | None = None  # why its current attempt was asked to stop, if it was
     bound_at: float | None = None  # when the current attempt was placed (scheduler clock)
-    preempted_by: str = ""  # set while its tasks are asked to stop for another job
     targets: dict[str, int] = field(default_factory=dict)  # user resize: replicas per group
     resizes: int = 0  # resizes so far (deterministic ids of their events and new tasks)
-    cancel_reason: str = ""  # the job's final reason when a cancel ends it ("returned")
-    drain_requeue: bool = False  # stopping for a node drain: requeue without spending a retry
     requeues: int = 0  # attempts that a drain started again (not counted against maxRetry)
-    reclaimed: str = ""  # queueing took its quota back: when stopped it returns to its queue
     node_losses: int = 0  # attempts ended by a lost node (requeued, not counted as retries)
+
+    def ask_stop(self, cause: EndCause, detail: str = "") -> None:
+        """Record why the current attempt is asked to stop (the caller sends the stop).
+        The stronger cause stands: ending the job over handing it back to its queue,
+        that over running it again; a stop for others met on the way is kept in flight."""
+        before = self.stopping
+        if before is None:
+            self.stopping = Stopping(cause, detail)
+            return
+        in_flight = before.cause if before.cause in FOR_OTHERS else before.after
+        if _STRENGTH[cause] < _STRENGTH[before.cause]:
+            self.stopping = replace(before, after=cause if cause in FOR_OTHERS else before.after)
+        else:
+            self.stopping = Stopping(cause, detail, in_flight)
+
+    @property
+    def ending(self) -> bool:
+        """Asked to stop for good (cancelled, its time limit)."""
+        return self.stopping is not None and self.stopping.cause in ENDING
+
+    @property
+    def preempted(self) -> bool:
+        """A stop for other work (a preemption, a drain) was sent and is in flight."""
+        return self.stopping is not None and (self.stopping.cause in FOR_OTHERS
+                                              or self.stopping.after in FOR_OTHERS)
+
+    @property
+    def reclaimed(self) -> bool:
+        """Its queue took its quota back: once stopped it returns to its queue."""
+        return self.stopping is not None and self.stopping.cause is EndCause.RECLAIMED
 
     def live(self) -> Iterator[Placed]:
         return (p for p in self.placed if p.state not in TERMINAL)

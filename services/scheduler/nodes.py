@@ -84,7 +84,7 @@ class NodeOps:
             out.dirty_jobs.add(job.job_id)
             if job.state in (JobState.BOUND, JobState.RUNNING) and any(
                     p.attempt == job.attempt and not p.removed for p in hit):
-                if job.cancel_requested:
+                if job.ending:
                     self.lifecycle.advance(job, JobStatus(
                         job_id=job.job_id, state=JobState.FAILED, reason="node lost",
                         attempt=job.attempt), out)
@@ -119,11 +119,10 @@ class NodeOps:
         (checkpoint signal, grace period), as a preemption would, and requeue it: the
         attempt does not count against its maxRetry."""
         for job in self.cluster.jobs.values():
-            if job.state not in (JobState.BOUND, JobState.RUNNING) or job.cancel_requested \
-                    or job.preempted_by or not any(p.node_id == node_id for p in job.active()):
+            if job.state not in (JobState.BOUND, JobState.RUNNING) or job.ending \
+                    or job.preempted or not any(p.node_id == node_id for p in job.active()):
                 continue
-            job.preempted_by = f"drain of node {node_id}"
-            job.drain_requeue = True
+            job.ask_stop(EndCause.DRAINED, f"drain of node {node_id}")
             out.dirty_jobs.add(job.job_id)
             self.bindings.stop(job, out, f"preempted (drain) for node {node_id}",
                                EndCause.DRAINED, grace_s=grace_s)

@@ -33,7 +33,7 @@ class Resizes:
         replicas first); more grow when GPUs are idle; either way it is the new cap."""
         job = self.cluster.jobs.get(cmd.job_id)
         if job is None or job.ready is None or job.state in TERMINAL or \
-                job.cancel_requested or cmd.replicas is None:
+                job.ending or cmd.replicas is None:
             log.warning("resize ignored: no such live job", job=cmd.job_id)
             return
         try:
@@ -45,7 +45,7 @@ class Resizes:
         job.targets[task.name] = cmd.replicas
         out.dirty_jobs.add(job.job_id)
         self.cluster.needs_cycle = True
-        if job.state in (JobState.BOUND, JobState.RUNNING) and not job.preempted_by:
+        if job.state in (JobState.BOUND, JobState.RUNNING) and not job.preempted:
             active = sorted(job.active(task.name), key=lambda p: p.replica, reverse=True)
             self._shrink(job, task.name, active[:max(0, len(active) - cmd.replicas)],
                          f"resize to {cmd.replicas} requested"
@@ -55,7 +55,7 @@ class Resizes:
     def apply(self, rz: Resize, out: Output) -> None:
         """One resize of the core's plan."""
         job = self.cluster.jobs.get(rz.job_id)
-        if job is None or job.ready is None or job.cancel_requested or job.preempted_by or \
+        if job is None or job.ready is None or job.ending or job.preempted or \
                 job.state not in (JobState.BOUND, JobState.RUNNING):
             return
         if rz.reason is ResizeReason.GROW:

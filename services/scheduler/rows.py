@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-from services.scheduler.model import NodeView, Placed, SchedJob
-from shared.events import JobReady, JobState, NodeInventory
+from services.scheduler.model import NodeView, Placed, SchedJob, Stopping
+from shared.events import EndCause, JobReady, JobState, NodeInventory
 
 
 class JobMeta(TypedDict, total=False):
@@ -18,16 +18,18 @@ class JobMeta(TypedDict, total=False):
     Every key is optional on reading: rows written before a key existed lack it."""
 
     seq: int
-    cancel_requested: bool
+    stopping: dict[str, str | None] | None  # Stopping: cause, detail, after
     bound_at: float | None
-    preempted_by: str
     targets: dict[str, int]
     resizes: int
+    requeues: int
+    node_losses: int
+    # a row written before ``stopping``: what it held instead (read, never written)
+    cancel_requested: bool
+    preempted_by: str
     cancel_reason: str
     drain_requeue: bool
-    requeues: int
     reclaimed: str
-    node_losses: int
 
 
 class JobRow(TypedDict):
@@ -59,12 +61,9 @@ def job_row(job: SchedJob) -> JobRow:
         attempt=job.attempt,
         ready=job.ready.model_dump_json() if job.ready else "{}",
         placement=[p.to_json() for p in job.placed],
-        tasks=JobMeta(seq=job.seq, cancel_requested=job.cancel_requested,
-                      bound_at=job.bound_at, preempted_by=job.preempted_by,
-                      targets=job.targets, resizes=job.resizes,
-                      cancel_reason=job.cancel_reason, drain_requeue=job.drain_requeue,
-                      requeues=job.requeues, reclaimed=job.reclaimed,
-                      node_losses=job.node_losses),
+        tasks=JobMeta(seq=job.seq, stopping=_stopping_json(job.stopping),
+                      bound_at=job.bound_at, targets=job.targets, resizes=job.resizes,
+                      requeues=job.requeues, node_losses=job.node_losses),
     )
 
 
@@ -77,17 +76,37 @@ def job_from_row(row: JobRow) -> SchedJob:
         attempt=row["attempt"],
         seq=meta.get("seq", 0),
         placed=[Placed.from_json(p) for p in row["placement"]],
-        cancel_requested=meta.get("cancel_requested", False),
+        stopping=_stopping_of(meta),
         bound_at=meta.get("bound_at"),
-        preempted_by=meta.get("preempted_by", ""),
         targets=dict(meta.get("targets") or {}),
         resizes=meta.get("resizes", 0),
-        cancel_reason=meta.get("cancel_reason", ""),
-        drain_requeue=meta.get("drain_requeue", False),
         requeues=meta.get("requeues", 0),
-        reclaimed=meta.get("reclaimed", ""),
         node_losses=meta.get("node_losses", 0),
     )
+
+
+def _stopping_json(s: Stopping | None) -> dict[str, str | None] | None:
+    return None if s is None else {"cause": s.cause.value, "detail": s.detail,
+                                   "after": s.after.value if s.after else None}
+
+
+def _stopping_of(meta: JobMeta) -> Stopping | None:
+    if "stopping" in meta:
+        s = meta["stopping"]
+        if s is None:
+            return None
+        after = s.get("after")
+        return Stopping(EndCause(s["cause"] or EndCause.OTHER), s.get("detail") or "",
+                        EndCause(after) if after else None)
+    # a row from before: its flags, read as the one cause they meant
+    preempted = meta.get("preempted_by", "")
+    in_flight = ((EndCause.DRAINED if meta.get("drain_requeue") else EndCause.PREEMPTED)
+                 if preempted else None)
+    if meta.get("cancel_requested"):
+        return Stopping(EndCause.CANCELLED, meta.get("cancel_reason", ""), in_flight)
+    if meta.get("reclaimed"):
+        return Stopping(EndCause.RECLAIMED, meta.get("reclaimed", ""), in_flight)
+    return Stopping(in_flight, preempted) if in_flight is not None else None
 
 
 def node_row(view: NodeView) -> NodeRow:

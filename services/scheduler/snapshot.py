@@ -122,7 +122,7 @@ class SnapshotBuilder:
                                         caps(job) if current else None, running=True)
                 running.append(RunningJob(
                     request, start_time=job.bound_at if job.bound_at is not None else now,
-                    terminating=not current or bool(job.preempted_by) or job.cancel_requested))
+                    terminating=not current or job.preempted or job.ending))
         for key in self._allocs.keys() - live_keys:
             del self._allocs[key]
         # a retry waits until its last attempt's tasks have stopped: a job never runs in

@@ -25,6 +25,7 @@ from services.scheduler.history import JobHistory
 from services.scheduler.jobs import Lifecycle
 from services.scheduler.model import (
     DEFAULT_GRACE_S,
+    FOR_OTHERS,
     SOURCE,
     TERMINAL,
     Cluster,
@@ -121,10 +122,10 @@ class SchedulerState(Cluster):
             out.emit(notice, SOURCE, event_id=event_id)
         for pre in plan.preemptions:
             victim = self.jobs.get(pre.job_id)
-            if victim is None or victim.preempted_by or victim.state not in (
+            if victim is None or victim.preempted or victim.state not in (
                     JobState.BOUND, JobState.RUNNING):
                 continue
-            victim.preempted_by = pre.preemptor
+            victim.ask_stop(EndCause.PREEMPTED, pre.preemptor)
             out.dirty_jobs.add(victim.job_id)
             self.bindings.stop(victim, out, f"preempted ({pre.reason.value}) for {pre.preemptor}",
                                EndCause.PREEMPTED, grace_s=pre.grace_period_s)
@@ -175,17 +176,19 @@ class SchedulerState(Cluster):
                 # and the retry waits for them
                 stop(job, out, "an older attempt of a retried job", EndCause.RETRY,
                      grace_s=DEFAULT_GRACE_S, older_only=True)
-            if job.state is JobState.BOUND and not job.cancel_requested:
+            if job.state is JobState.BOUND and not job.ending:
                 self.bindings.allocate(job, job.current(), out)
-            if job.cancel_requested and any(True for _ in job.live()):
+            stopping = job.stopping
+            if job.ending and any(True for _ in job.live()):
                 stop(job, out, "cancelled", EndCause.CANCELLED)
-            elif job.preempted_by and any(True for _ in job.live()):
-                # the stop a preemption or a drain sent may never have reached the agent
-                stop(job, out, f"preempted for {job.preempted_by}",
-                     EndCause.DRAINED if job.drain_requeue else EndCause.PREEMPTED)
-            elif job.reclaimed and any(True for _ in job.live()):
-                stop(job, out, job.reclaimed, EndCause.RECLAIMED, grace_s=DEFAULT_GRACE_S)
-            elif job.state in (JobState.BOUND, JobState.RUNNING) and not job.preempted_by:
+            elif stopping is not None and any(True for _ in job.live()):
+                # the stop a preemption, a drain or a reclaim sent may never have reached
+                # the agent
+                if stopping.cause in FOR_OTHERS:
+                    stop(job, out, f"preempted for {stopping.detail}", stopping.cause)
+                else:
+                    stop(job, out, stopping.detail, stopping.cause, grace_s=DEFAULT_GRACE_S)
+            elif job.state in (JobState.BOUND, JobState.RUNNING) and not job.preempted:
                 self.resizes.resend(job, out)
 
     def resend(self, out: Output) -> None:
@@ -213,6 +216,6 @@ class SchedulerState(Cluster):
                        if j.state in TERMINAL and j.ready is not None
                        and not any(True for _ in j.live())
                        # reclaimed: kept until its queue sends it again (replays refused)
-                       and (j.state is not JobState.PREEMPTED or j.cancel_requested)]:
+                       and (j.state is not JobState.PREEMPTED or j.ending)]:
             del self.jobs[job_id]
             self.finished.add(job_id)

@@ -18,12 +18,14 @@ from services.admission import store, tokens
 from services.admission.app import create_app
 from services.admission.settings import AdmissionSettings
 from services.scheduler.main import SchedulerService
+from services.scheduler.model import Stopping
 from services.scheduler.state import Output, SchedulerState
 from shared.config import CommonSettings
 from shared.db import make_engine
 from shared.events import (
     Binding,
     BindingAction,
+    EndCause,
     Envelope,
     JobState,
     JobStatus,
@@ -181,8 +183,8 @@ async def test_cordon_and_drain_survive_a_leader_failover(db_url: str) -> None:
         views = nxt.state.nodes
         assert {n: (v.cordon, v.cordon_generation) for n, v in views.items()} == {
             where: ("draining", 1), ("n1" if where == "n2" else "n2"): ("cordoned", 1)}
-        assert nxt.state.jobs["A"].preempted_by == f"drain of node {where}"
-        assert nxt.state.jobs["A"].drain_requeue
+        assert nxt.state.jobs["A"].stopping == Stopping(EndCause.DRAINED,
+                                                        f"drain of node {where}")
         # the new leader finishes the drain: the stop is confirmed, A waits (both cordoned)
         out = step(nxt.state, JobStatus(job_id="A", state=JobState.PREEMPTED, reason="stopped",
                                         attempt=1, task=nxt.state.jobs["A"].placed[0].task_id,

@@ -46,10 +46,14 @@ DRAIN_S = 10.0
 # The embedded broker gives a restarted group member (queueing after a kill -9) its
 # partitions about twice its session after the kill: 18 s at the default 10 s session,
 # 4.2 s at 2 s (bench/group_rejoin.py). Apache Kafka refuses sessions under 6 s by
-# default (group.min.session.timeout.ms), so only the embedded stack shortens them.
+# default (group.min.session.timeout.ms), so only the embedded stack shortens them, and
+# only for queueing, the one group on the way from submit to placement (the scheduler
+# joins none). Every group with them ran into rebalances on a saturated machine
+# (bench/e2e_latency.py at 40 submits/s: the gateway's read model fell behind, 429s).
 EMBEDDED_GROUP_TIMEOUTS = {"KAIROS_SESSION_TIMEOUT_MS": "2000",
                            "KAIROS_HEARTBEAT_INTERVAL_MS": "400",
                            "KAIROS_REBALANCE_TIMEOUT_MS": "4000"}
+SHORT_SESSIONS = ("queueing",)
 
 
 def _new_dev_token() -> str:
@@ -279,8 +283,9 @@ class Stack:
         })
         if self._broker is not None:  # a refill recreates the topics as we made them
             env["KAIROS_TOPIC_PARTITIONS_MAX"] = str(self.embedded_partitions)
-            for key, value in EMBEDDED_GROUP_TIMEOUTS.items():  # unless the caller set one
-                env.setdefault(key, value)
+            if name in SHORT_SESSIONS:  # unless the caller set them
+                for key, value in EMBEDDED_GROUP_TIMEOUTS.items():
+                    env.setdefault(key, value)
         env.update(self.env)
         env.update(extra or {})
         return env
@@ -397,14 +402,23 @@ class Stack:
         if self._thread:
             self._thread.join(30)
         agents = [p for p in self.procs if p.name.startswith("node-agent")]
+        began = time.monotonic()
         self._terminate(agents)
+        stopped_agents, drained = time.monotonic(), True
         if self.kafka_bootstrap and agents:
             from kairos.drain import wait_consumed
             from shared.topics import JOBS_STATUS
 
-            asyncio.run(wait_consumed(self.kafka_bootstrap, ("scheduler", "admission"),
-                                      [JOBS_STATUS.name], timeout_s=DRAIN_S))
+            drained = asyncio.run(wait_consumed(
+                self.kafka_bootstrap, ("scheduler", "admission"), [JOBS_STATUS.name],
+                timeout_s=DRAIN_S))
+        read = time.monotonic()
         self._terminate([p for p in self.procs if p not in agents])
+        if agents:
+            self.say(f"agents stopped in {stopped_agents - began:.1f}s; their last reports "
+                     + (f"read in {read - stopped_agents:.1f}s" if drained else
+                        f"not all read after {DRAIN_S:g}s (the journals keep them)")
+                     + f"; services stopped in {time.monotonic() - read:.1f}s")
         self.procs.clear()
         self.services_file.unlink(missing_ok=True)
         if self._broker:

@@ -145,24 +145,31 @@ async def test_an_adopted_task_gets_back_its_gpus_and_its_connection(tmp_path: P
 
 
 async def test_a_local_process_adopted_after_a_kill_stops_at_its_limit(tmp_path: Path) -> None:
-    """The same for a real process: it outlives the agent in its own process group."""
+    """The same for a real process: it outlives the agent in its own process group, and
+    keeps its log and its checkpoint file."""
     broker = Broker()
 
     marker = f"600.{uuid.uuid4().int % 10**9:09d}"
     try:
         first = process_agent(broker, tmp_path, fence_after_s=30)
         b = limited("P", limit_s=1.5)
-        b = b.model_copy(update={"tasks": [b.tasks[0].model_copy(
-            update={"command": ["sleep", marker]})]})
+        b = b.model_copy(update={"tasks": [b.tasks[0].model_copy(update={"command": [
+            "sh", "-c", f'echo hello-{marker}; echo step-5 > "$KAIROS_CHECKPOINT_FILE"; '
+            f"exec sleep {marker}"]})]})
         await first.handle(b)
         first.renewed(time.monotonic())
+        await until(lambda: any(p.info["cmdline"] == ["sleep", marker]
+                                for p in psutil.process_iter(["cmdline"])))
         await first.runtime.close()  # the agent dies; its task keeps running
 
         again = process_agent(broker, tmp_path, fence_after_s=30)
         again.renewed(time.monotonic())
         assert await again.reconcile() == 1
+        assert f"hello-{marker}" in again.runtime.logs("P/w-0/1")  # its log, as it was
         await until(lambda: len(broker.states("P")) == 2, timeout=15)
-        assert broker.statuses("P")[1].cause is EndCause.TIME_LIMIT
+        ended = broker.statuses("P")[1]
+        assert ended.cause is EndCause.TIME_LIMIT
+        assert ended.checkpoint == "step-5"  # what it recorded before the agent died
         await until(lambda: not [p for p in psutil.process_iter(["cmdline"])
                                  if p.info["cmdline"] == ["sleep", marker]])
         await again.close()

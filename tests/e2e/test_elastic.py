@@ -60,8 +60,10 @@ def test_elastic_job_grows_shrinks_for_a_higher_priority_job_and_grows_back(
         r = c.post("/v1/jobs", json=ELASTIC)
         assert r.status_code == 201, r.text
         el = r.json()["id"]
-        job = poll(c, el, lambda j: j["replicas"] == {"w": 4} and len(running_tasks(j)) == 4,
-                   "never grew to 4 running replicas")
+        # the tasks' own reports reach the read model before the scheduler's job-level
+        # "running" that follows them: wait for both, then judge
+        job = poll(c, el, lambda j: j["replicas"] == {"w": 4} and len(running_tasks(j)) == 4
+                   and j["state"] != "bound", "never grew to 4 running replicas")
         assert job["state"] == "running" and job["attempt"] == 1
         grows = [h for h in job["history"] if h["task"] is None and h["reason"] == "resized"]
         assert grows and grows[-1]["message"].startswith("w: ") and \

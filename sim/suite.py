@@ -47,12 +47,11 @@ class Case:
 
 
 def _muri_path(trace: str) -> Path:
-    """Muri traces: the repository's data, else the shared trace folder beside the checkout."""
-    root = Path(__file__).resolve().parents[1]
-    for folder in (MURI, root.parent / "shared" / "traces" / "muri", root.parents[1] / "shared" / "traces" / "muri"):
-        if (folder / f"{trace}.csv").exists():
-            return folder / f"{trace}.csv"
-    raise FileNotFoundError(f"{trace}.csv not found in {MURI} or ../shared/traces/muri")
+    """A Muri trace, from the repository's data (``data/traces/muri``)."""
+    path = MURI / f"{trace}.csv"
+    if not path.exists():
+        raise FileNotFoundError(f"{trace}.csv not found in {MURI}")
+    return path
 
 
 def cases() -> list[Case]:

@@ -26,7 +26,7 @@ from services.node_agent.devices.base import DeviceBackend, GpuSample
 from services.node_agent.fencing import EpochGate, LeaseFence
 from services.node_agent.interactive import allocate, session_env
 from services.node_agent.inventory import gpu_memory_mib
-from services.node_agent.journal import Journal
+from services.node_agent.journal import Journal, TaskEntry
 from services.node_agent.lease import Lease
 from services.node_agent.outbox import Outbox
 from services.node_agent.reattach import reattach
@@ -259,7 +259,7 @@ class NodeAgent:
         if self.fence.reason is not None:  # fenced while it started: marked, not stopped
             self.fence.kill_soon(launch.key, self.fence.reason)
         self._watch(rec, entry.limit_left(time.time()), entry.grace_s)
-        await self._reports.task_status(launch, JobState.RUNNING, "started", connection=conn)
+        await self._reports.started(launch, conn)
 
     def _watch(self, rec: TaskRecord, limit_left_s: float | None, grace_s: float) -> None:
         """What a running task has on this node: its GPUs' load, the share watchdog, and
@@ -340,11 +340,8 @@ class NodeAgent:
     def _adopt(self, key: str) -> None:
         """Take back a task the runtime still runs, with its limit (counted from its
         first start), its GPUs (the share watchdog's and telemetry's) and connection."""
-        entry = self.journal.get(key)
-        if entry is None:  # started before the node kept a journal: nothing to restore
-            self._tasks.adopt(TaskLaunch(*split_key(key), image="", command=(), env={},
-                                         gpus=(), cpu_milli=0, memory_mib=0))
-            return
+        # started before the node kept a journal: nothing to restore but its key
+        entry = self.journal.get(key) or TaskEntry(key=key)
         rec = self._tasks.adopt(entry.launch(), entry.conn())
         self._watch(rec, entry.limit_left(time.time()), entry.grace_s)
 

@@ -41,15 +41,13 @@ class Reporter:
             self.flush_soon()
         return self._outbox.durable
 
-    async def task_status(self, launch: TaskLaunch, state: JobState, reason: str,
-                          exit_code: int | None = None, message: str | None = None,
-                          connection: Connection | None = None, ran_s: float | None = None,
-                          checkpoint: str | None = None) -> bool:
+    async def started(self, launch: TaskLaunch, connection: Connection | None) -> bool:
+        """A task runs (with its session's connection, an interactive one). Its end goes
+        through the agent's journal first (``NodeAgent._final``)."""
         return await self.send(JobStatus(
-            job_id=launch.job_id, state=state, reason=reason, attempt=launch.attempt,
-            exit_code=exit_code, task=launch.task_id, node_id=self.node_id, message=message,
-            connection=connection, ran_s=ran_s, checkpoint=checkpoint),
-            f"{state.value}-{launch.key}")
+            job_id=launch.job_id, state=JobState.RUNNING, reason="started",
+            attempt=launch.attempt, task=launch.task_id, node_id=self.node_id,
+            connection=connection), f"{JobState.RUNNING.value}-{launch.key}")
 
     def flush_soon(self) -> None:
         if self._flusher is None or self._flusher.done():

@@ -62,9 +62,6 @@ class TaskBook:
         """Running here, or ran here: a binding for it starts nothing."""
         return key in self.live or key in self._ran
 
-    def unseen(self, keys: set[str]) -> set[str]:
-        return keys - self.live.keys() - self._ran.keys()
-
     def adopt(self, launch: TaskLaunch, connection: Connection | None = None) -> TaskRecord:
         """A task found running after a restart, as the node's journal recorded it."""
         rec = self.live[launch.key] = TaskRecord(launch, connection=connection)

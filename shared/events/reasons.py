@@ -188,30 +188,24 @@ def from_pending(value: str) -> WaitReason:
     return wait_reason(value)
 
 
-def _transition(value: Any) -> Any:
-    if value is None or isinstance(value, TransitionReason):
-        return value
-    try:
-        return TransitionReason(value)
-    except ValueError:
-        return TransitionReason.OTHER
-
-
-def _end_cause(value: Any) -> Any:
-    if value is None or isinstance(value, EndCause):
-        return value
-    try:
-        return EndCause(value)
-    except ValueError:
-        return EndCause.OTHER
+def _or_other(codes: type[TransitionReason] | type[EndCause]) -> Any:
+    """A field's reader: None stays None, a code this reader lacks reads as ``other``."""
+    def read(value: Any) -> Any:
+        if value is None or isinstance(value, codes):
+            return value
+        try:
+            return codes(value)
+        except ValueError:
+            return codes.OTHER
+    return read
 
 
 # the event fields: a newer producer's code this reader lacks reads as the fallback
 # instead of failing the whole event
 WaitCode = Annotated[WaitReason, BeforeValidator(
     lambda v: v if isinstance(v, WaitReason) else wait_reason(v))]
-TransitionCode = Annotated[TransitionReason | None, BeforeValidator(_transition)]
-EndCode = Annotated[EndCause | None, BeforeValidator(_end_cause)]
+TransitionCode = Annotated[TransitionReason | None, BeforeValidator(_or_other(TransitionReason))]
+EndCode = Annotated[EndCause | None, BeforeValidator(_or_other(EndCause))]
 
 # An older producer's text, by prefix (first match wins): what the scheduler and
 # queueing wrote before codes (services/scheduler/jobs.py, state.py, resizes.py,

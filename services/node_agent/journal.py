@@ -24,11 +24,12 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from services.node_agent.atomic_file import write_json
 from services.node_agent.runtimes.base import GpuGrant, TaskLaunch
 from shared.events import Connection, JobStatus
 from shared.logging import get_logger
@@ -125,7 +126,7 @@ class Journal:
         if entry is not None and entry.started_at is not None:
             return entry
         entry = TaskEntry(
-            key=launch.key, gpus=[asdict(g) for g in launch.gpus], cpu_milli=launch.cpu_milli,
+            key=launch.key, gpus=[dict(vars(g)) for g in launch.gpus], cpu_milli=launch.cpu_milli,
             memory_mib=launch.memory_mib,
             env={k: v for k, v in launch.env.items() if k.startswith(KEPT_ENV_PREFIX)},
             started_at=time.time(), time_limit_s=time_limit_s, grace_s=grace_s,
@@ -147,11 +148,9 @@ class Journal:
         self._entries[entry.key] = entry
         if self._path is None:
             return
-        self._path.mkdir(parents=True, exist_ok=True)
-        file = self._file(entry.key)
-        tmp = file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(entry)))
-        tmp.replace(file)  # atomic: a kill leaves the old entry or the new one
+        # shallow: asdict's deep copy was most of the cost of a write
+        write_json(self._file(entry.key), {f.name: getattr(entry, f.name)
+                                           for f in fields(entry)})
 
     def _cap(self) -> None:
         if len(self._entries) <= self._limit:

@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from services.node_agent.atomic_file import write_json, write_text
+
 
 class LeaseBook:
     """The last renewal (wall clock) of every lease of one agent process, in one file."""
@@ -49,10 +51,7 @@ class LeaseBook:
         no stamp at all: a full lease)."""
         if not self._dirty:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self._stamps))
-        tmp.replace(self.path)
+        write_json(self.path, self._stamps)
         self._dirty = False
 
 
@@ -89,10 +88,7 @@ class Lease:
             self._book.put(self._key, time.time() - (self._clock() - sent_at))
         elif self._path is not None:
             wall = time.time() - (self._clock() - sent_at)
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self._path.with_suffix(".tmp")
-            tmp.write_text(f"{wall:.3f}")
-            tmp.replace(self._path)
+            write_text(self._path, f"{wall:.3f}")
 
     def _load(self) -> float | None:
         if self._path is None:

@@ -12,6 +12,7 @@ import json
 from collections import deque
 from pathlib import Path
 
+from services.node_agent.atomic_file import write_json
 from shared.events import EVENT_TYPES, Event
 from shared.logging import get_logger
 
@@ -48,12 +49,9 @@ class Outbox:
     def put(self, event: Event, event_id: str | None) -> None:
         file = None
         if self._path is not None:
-            self._path.mkdir(parents=True, exist_ok=True)
             file = self._path / f"{self._seq:012d}.json"
-            tmp = file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"type": event.TYPE, "id": event_id,
-                                       "data": event.model_dump(mode="json")}))
-            tmp.replace(file)
+            write_json(file, {"type": event.TYPE, "id": event_id,
+                              "data": event.model_dump(mode="json")})
         self._seq += 1
         self._items.append((event, event_id, file))
         if len(self._items) > self._limit:

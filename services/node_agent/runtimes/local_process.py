@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from services.node_agent.atomic_file import write_json
 from services.node_agent.isolation.mps import MpsDaemon, is_share, merge_env, share_env
 from services.node_agent.runtimes import procfs
 from services.node_agent.runtimes.base import (
@@ -103,10 +104,7 @@ class LocalProcessRuntime:
         return self._read_state_dir(self._task_dir(key))
 
     def _write_state(self, key: str, state: dict[str, Any]) -> None:
-        path = self._task_dir(key) / "state.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state))
-        tmp.replace(path)
+        write_json(self._task_dir(key) / "state.json", state)
 
     def _work(self, key: str) -> tuple[float | None, str | None]:
         """The work done: seconds from the start to the exit file (written when the task

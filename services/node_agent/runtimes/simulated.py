@@ -8,11 +8,15 @@ the start time and the end, so a task costs no timer per line; it is append-only
 follower polling it sees each line once.
 
 With a state directory each task is also a file (its launch, wall-clock start and
-duration; its exit once it ended), so a task outlives an agent killed and restarted:
+duration; its exit if it was stopped), so a task outlives an agent killed and restarted:
 ``reconcile()`` resumes it for the time it has left, or returns it as ended if its time
 ran out while the agent was down. Whether the agent may keep it (was it down past its
-lease?) is the agent's decision. A reported task keeps a tombstone, so a redelivered
-binding does not run it again; tombstones older than ``keep_done_s`` are pruned.
+lease?) is the agent's decision. A task that ran its full time needs no exit written
+(its file says when its time ran out), and a reported task's file is removed: the
+agent's journal remembers every task that ended on the node, so a redelivered binding
+never reaches the runtime again. Two writes a task at most, one unlink: at hundreds of
+tasks a second, the agent's CPU is mostly these files. (Tombstones of earlier versions,
+marked ``reported``, are pruned after ``keep_done_s``.)
 """
 
 from __future__ import annotations
@@ -25,11 +29,12 @@ import math
 import os
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from services.node_agent.atomic_file import write_json
 from services.node_agent.runtimes.base import ExitCallback, GpuGrant, TaskExit, TaskLaunch
 
 DEFAULT_DURATION_S = 5.0
@@ -47,6 +52,7 @@ class _SimTask:
     duration: float
     ended: float | None = None
     end_line: str = ""
+    saved: dict[str, Any] | None = None  # what its file holds (None without a state dir)
 
 
 def _stamp(t: float) -> str:
@@ -74,8 +80,9 @@ class SimulatedRuntime:
             return
         duration = DEFAULT_DURATION_S if launch.duration_s is None else launch.duration_s
         sim = self._track(launch, time.time(), duration)
-        self._write(launch.key, {"launch": _saved(launch), "started": sim.started,
-                                 "duration": duration})
+        if self._dir is not None:
+            sim.saved = {"launch": _saved(launch), "started": sim.started, "duration": duration}
+            self._write(launch.key, sim.saved)
         self._tasks[launch.key] = asyncio.create_task(self._run(launch.key, duration))
 
     def _track(self, launch: TaskLaunch, started: float, duration: float) -> _SimTask:
@@ -90,19 +97,20 @@ class SimulatedRuntime:
     async def _run(self, key: str, duration: float) -> None:
         await asyncio.sleep(duration)
         self._tasks.pop(key, None)
-        await self._end(key, 0, "completed", "", "training finished: exit 0")
+        await self._end(key, 0, "completed", "", "training finished: exit 0", ran_out=True)
 
-    async def _end(self, key: str, code: int, reason: str, message: str, line: str) -> None:
-        """Record the exit (in the task's file too: a restart reports it, never resumes
-        it), then report it."""
+    async def _end(self, key: str, code: int, reason: str, message: str, line: str,
+                   *, ran_out: bool = False) -> None:
+        """Record the exit of a stopped task in its file (a restart reports it, never
+        resumes it; one that ran out its time says so by its start and duration), then
+        report it."""
         sim = self._sims.get(key)
         if sim is not None and sim.ended is None:
             sim.ended, sim.end_line = time.time(), line
         exit_ = TaskExit(key, code, reason, message, ran_s=self._ran(key))
-        state = self._read(key)
-        if state is not None:
-            self._write(key, {**state, "exit": asdict(exit_),
-                              "ended": sim.ended if sim else time.time(), "end_line": line})
+        if not ran_out and sim is not None and sim.saved is not None:
+            self._write(key, {**sim.saved, "exit": asdict(exit_), "ended": sim.ended,
+                              "end_line": line})
         await self._on_exit(exit_)
 
     async def stop(self, key: str, grace_s: float, reason: str = "stopped",
@@ -147,6 +155,7 @@ class SimulatedRuntime:
             if launch.key in self._tasks:
                 continue
             sim = self._track(launch, state["started"], state["duration"])
+            sim.saved = {k: state[k] for k in ("launch", "started", "duration")}
             end = sim.started + sim.duration
             if "exit" not in state and end <= now:  # its time ran out while we were down
                 state.update(exit=asdict(TaskExit(launch.key, 0, "completed",
@@ -161,10 +170,10 @@ class SimulatedRuntime:
         return ended
 
     async def forget(self, key: str) -> None:
-        """The exit of ``key`` was reported: keep only a tombstone."""
-        state = self._read(key)
-        if state is not None and not state.get("reported"):
-            self._write(key, {**state, "reported": True, "reported_at": time.time()})
+        """The exit of ``key`` was reported (and the agent's journal keeps it)."""
+        file = self._file(key)
+        if file is not None:
+            file.unlink(missing_ok=True)
 
     def _file(self, key: str) -> Path | None:
         return None if self._dir is None else self._dir / f"{quote(key, safe='')}.json"
@@ -175,12 +184,8 @@ class SimulatedRuntime:
 
     def _write(self, key: str, state: dict[str, Any]) -> None:
         file = self._file(key)
-        if file is None:
-            return
-        file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state))
-        tmp.replace(file)
+        if file is not None:
+            write_json(file, state)
 
     def logs(self, key: str, tail: int | None = None) -> str:
         sim = self._sims.get(key)
@@ -222,8 +227,10 @@ def _load(file: Path) -> dict[str, Any] | None:
 
 
 def _saved(launch: TaskLaunch) -> dict[str, Any]:
+    """The launch as its file keeps it: shallow (JSON copies it anyway), without secrets."""
     env = {k: v for k, v in launch.env.items() if k in KEPT_ENV or k.startswith("KAIROS_SIM_")}
-    return {**asdict(launch), "env": env}
+    saved = {f.name: getattr(launch, f.name) for f in fields(launch)}
+    return {**saved, "env": env, "gpus": [dict(vars(g)) for g in launch.gpus]}
 
 
 def _restored(saved: dict[str, Any]) -> TaskLaunch:

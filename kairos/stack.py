@@ -258,7 +258,7 @@ class Stack:
                 self._supervisor.poll(self.children())
 
     def _supervise_loop(self) -> None:
-        while not self._halt.wait(0.5):
+        while not self._halt.wait(0.2):  # an exit is noticed within 0.2 s
             self.supervise_once()
 
     def service_env(self, name: str, port: int, extra: dict[str, str] | None = None

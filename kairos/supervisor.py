@@ -23,8 +23,9 @@ STABLE_S = 60.0  # a child that ran this long starts its backoff over
 
 def backoff_s(failures: int, base_s: float = BASE_S, cap_s: float = CAP_S) -> float:
     """The wait before restart number ``failures`` (1 = the first) of a child that keeps
-    exiting: 0.5, 1, 2, 4 ... capped at 30 s."""
-    return retry.backoff_s(failures, base_s, cap_s)
+    exiting: none for the first (a crash after a stable run costs only the process's own
+    start, as kubelet restarts a container), then 0.5, 1, 2 ... capped at 30 s."""
+    return 0.0 if failures <= 1 else retry.backoff_s(failures - 1, base_s, cap_s)
 
 
 def describe_exit(code: int | None) -> str:
@@ -93,7 +94,7 @@ class Supervisor:
                     if now - t.started_at >= self.stable_s:
                         t.failures = 0
                     self._schedule(child, t, now, describe_exit(code), tail=True)
-            elif now >= t.restart_at:
+            if t.restart_at is not None and now >= t.restart_at:  # a first restart: at once
                 try:
                     child.restart()
                 except Exception as exc:  # any failure to start is retried with backoff
@@ -110,8 +111,8 @@ class Supervisor:
         delay = backoff_s(t.failures)
         t.restart_at = now + delay
         at = time.strftime("%H:%M:%S", time.localtime(time.time() + delay))
-        msg = (f"supervisor: {child.name} exited ({why}); restart #{t.failures} in "
-               f"{delay:g}s at {at}")
+        msg = (f"supervisor: {child.name} exited ({why}); restart #{t.failures} "
+               + (f"in {delay:g}s at {at}" if delay else "now"))
         last = log_tail(child.log) if tail else ""
         self._note(child, msg + (f"; last lines of {child.log}:\n{last}" if last else ""))
 

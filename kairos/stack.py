@@ -28,9 +28,11 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from kairos.embedded import EmbeddedBroker, EmbeddedPostgres, free_port, pid_dead
+from kairos.embedded import EmbeddedBroker, EmbeddedPostgres, pid_dead
 from kairos.netns import NetworkNamespace
+from kairos.ports import free_port
 from kairos.supervisor import Child, Supervisor
+from kairos.zygote import ForkedProcess, Zygote, ZygoteGone
 from shared.bus import ensure_topics, wait_for_broker
 from shared.db import make_engine, prepare_database
 
@@ -60,7 +62,11 @@ def _new_dev_token() -> str:
     return "kdev-" + secrets.token_urlsafe(18)
 
 
-def _spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+Process = subprocess.Popen[bytes] | ForkedProcess
+Spawn = Callable[[list[str], dict[str, str], Path], Process]
+
+
+def _spawn(argv: list[str], env: dict[str, str], log: Path) -> Process:
     # a process group of its own: a Ctrl-C in the terminal reaches `kairos up` alone,
     # which stops the parts in order (Stack.stop), not all at once
     with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
@@ -72,12 +78,13 @@ def _spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[
 class Proc:
     name: str
     port: int
-    popen: subprocess.Popen[bytes]
+    popen: Process
     log: Path
     argv: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     wanted: bool = True  # False once stopped on purpose: the supervisor leaves it be
     host: str = "127.0.0.1"  # where its HTTP port is reached
+    spawn: Spawn = _spawn  # how it is started again: forked by the stack's zygote, or not
 
     @property
     def url(self) -> str:
@@ -88,7 +95,7 @@ class Proc:
         return code is not None, code
 
     def restart(self) -> None:
-        self.popen = _spawn(self.argv, self.env, self.log)  # same port and environment
+        self.popen = self.spawn(self.argv, self.env, self.log)  # same port and environment
 
 
 @dataclass
@@ -148,6 +155,10 @@ class Stack:
     broker_port: int | None = None  # the embedded broker's, kept for a restart
     _broker: EmbeddedBroker | None = None
     _pg: EmbeddedPostgres | None = None
+    # services are forked from a process that has imported what they all import
+    # (kairos/zygote.py): a restart skips most of a start; KAIROS_ZYGOTE=0 turns it off
+    use_zygote: bool = field(default_factory=lambda: os.environ.get("KAIROS_ZYGOTE") != "0")
+    _zygote: Zygote | None = None
     _supervisor: Supervisor | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _halt: threading.Event = field(default_factory=threading.Event)
@@ -161,6 +172,8 @@ class Stack:
         self._halt.clear()
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "logs").mkdir(exist_ok=True)
+        if self.use_zygote:  # first: its imports overlap the broker's and database's start
+            self._zygote = Zygote(self.workdir / "logs" / "zygote.log")
         self.kafka_bootstrap = self.kafka_bootstrap or os.environ.get("KAIROS_KAFKA_BOOTSTRAP")
         broker_host = self._isolate() if self.isolate_agents else "127.0.0.1"
         if not self.kafka_bootstrap:
@@ -300,9 +313,24 @@ class Stack:
             argv, host = ns.wrap(argv), ns.ns_ip
             extra_env = {**(extra_env or {}), "KAIROS_HTTP_HOST": host}
         env = self.service_env(name.split("#")[0], port, extra_env)
-        proc = Proc(name, port, _spawn(argv, env, log), log, argv, env, host=host)
+        proc = Proc(name, port, self._spawn(argv, env, log), log, argv, env, host=host,
+                    spawn=self._spawn)
         self.procs.append(proc)
         return proc
+
+    def _spawn(self, argv: list[str], env: dict[str, str], log: Path) -> Process:
+        """Forked by the zygote where the service is a plain module (an agent in a network
+        namespace of its own starts through ``ip netns exec``); a zygote found gone is
+        started again (it costs that spawn what a fresh process costs)."""
+        if self._zygote is not None and argv[:2] == [sys.executable, "-m"] and len(argv) == 3:
+            if not self._zygote.alive:
+                self.say("zygote: gone; starting it again")
+                self._zygote = Zygote(self.workdir / "logs" / "zygote.log")
+            try:
+                return self._zygote.spawn(argv[2], env, log)
+            except ZygoteGone as exc:
+                self.say(f"zygote: {exc}; starting {argv[2]} as a process of its own")
+        return _spawn(argv, env, log)
 
     def start_agents(self) -> None:
         for first in range(0, self.nodes, self.nodes_per_agent):
@@ -389,7 +417,7 @@ class Stack:
             except subprocess.TimeoutExpired:
                 proc.popen.kill()
                 proc.popen.wait()
-        return proc.popen.returncode
+        return proc.popen.wait()  # ended: its code at once
 
     def stop(self) -> None:
         """Stop in an order that loses nothing in flight: the agents first (no report is
@@ -420,6 +448,9 @@ class Stack:
                         f"not all read after {DRAIN_S:g}s (the journals keep them)")
                      + f"; services stopped in {time.monotonic() - read:.1f}s")
         self.procs.clear()
+        if self._zygote is not None:
+            self._zygote.close()
+            self._zygote = None
         self.services_file.unlink(missing_ok=True)
         if self._broker:
             self._broker.stop()

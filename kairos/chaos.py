@@ -17,7 +17,9 @@ dependency is away; those are counted as ``unavailable_503``), ``overloaded_429`
 gateway refusing submits while the platform is behind: the client waits and retries),
 ``violations``; ``after_fault_ended_s`` (recovery counted from the end of a fault that
 lasts: a pause resumed, a partition healed, a full restart's start done) and
-``first_job_running_s`` (until a job submitted after the fault runs, on any node); from
+``first_job_running_s`` (until a job submitted after the fault runs, on any node: for a
+pause, whose process answers no /readyz until it resumes, this is the recovery; a fault
+with a standby counts from the kill or pause, not from the standby's start); from
 the agents' own journals (``kairos/node_records.py``) ``wrongly_failed`` and
 ``limit_overruns``.
 """
@@ -220,9 +222,15 @@ class Chaos:
     client: Client
     seed: int = 7
     stop_took_s: float | None = None  # a full restart's graceful stop, the last one
+    _fault_at: list[float] = field(default_factory=list)  # the phase's, while it runs
     _reported: set[Violation] = field(default_factory=set)
 
     # --- the faults ------------------------------------------------------------------------
+
+    def fault_begins(self) -> None:
+        """For a fault that prepares first (a standby started and given time to stand
+        by): the fault's moment is now, not when its preparation began."""
+        self._fault_at[:] = [time.time()]
 
     def kill(self, name: str) -> None:
         os.kill(self.stack.proc(name).popen.pid, signal.SIGKILL)  # the supervisor restarts it
@@ -288,7 +296,8 @@ class Chaos:
         overloaded_before = self.client.overloaded_429
         accepted: list[tuple[float, str]] = []  # (wall clock when accepted, job)
         cancels: list[str] = []
-        fault_at: list[float] = []  # wall clock
+        fault_at: list[float] = []  # wall clock (fault_begins() may move it on)
+        self._fault_at = fault_at
         injected_at: list[float] = []  # when the fault ended (a pause resumed, a restart ...)
         ready_at: list[float] = []
 
@@ -416,6 +425,7 @@ def with_standby(inject: Inject) -> Inject:
     def run(c: Chaos) -> None:
         c.standby()
         time.sleep(3)  # it connects and stands by
+        c.fault_begins()
         inject(c)
     return run
 

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import time
+from pathlib import Path
 from typing import Annotated
 
 import httpx
@@ -51,6 +52,10 @@ def up(
     nodes_per_agent: Annotated[int, typer.Option(
         help="simulated nodes per node-agent process: one agent fault takes down one "
         "slice of the cluster, as one node's agent does in production", min=1)] = 4,
+    cluster: Annotated[Path | None, typer.Option(
+        help="a mixed cluster: node groups of their own GPU model, labels and taints "
+        "(examples/config/mixed-cluster.yaml); --nodes and --gpus then do not apply",
+        exists=True, dir_okay=False)] = None,
     port: Annotated[int, typer.Option(help="gateway port")] = 8000,
     with_demo: Annotated[bool, typer.Option("--demo", help="submit example jobs")] = False,
     reset_first: Annotated[bool, typer.Option(
@@ -58,12 +63,18 @@ def up(
 ) -> None:
     """Start the whole platform on embedded defaults, keeping the state of earlier runs;
     a service that exits is restarted; Ctrl-C stops everything."""
+    from kairos.cluster_spec import load_cluster
     from kairos.stack import Stack
 
+    try:
+        spec = load_cluster(cluster) if cluster is not None else None
+    except ValueError as exc:  # pydantic's names the field; YAML's the line
+        console.print(f"[red]{cluster}: {exc}[/]")
+        raise typer.Exit(2) from exc
     if reset_first:
         reset()
     # KAIROS_DEV_TOKEN, when set, wins over a saved one (as it does in Stack)
-    stack = Stack(nodes=nodes, gpus_per_node=gpus, nodes_per_agent=nodes_per_agent,
+    stack = Stack(nodes=nodes, gpus_per_node=gpus, nodes_per_agent=nodes_per_agent, cluster=spec,
                   admission_port=port, fresh=False,
                   token=os.environ.get("KAIROS_DEV_TOKEN") or _saved_token(),
                   say=lambda msg: console.print(msg, markup=False, highlight=False))

@@ -11,6 +11,7 @@ background thread, or from the caller's loop through ``supervise_once()``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -28,11 +29,12 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
+from kairos.cluster_spec import ClusterSpec
 from kairos.embedded import EmbeddedBroker, EmbeddedPostgres, pid_dead
 from kairos.netns import NetworkNamespace
 from kairos.ports import free_port
 from kairos.supervisor import Child, Supervisor
-from kairos.zygote import ForkedProcess, Zygote, ZygoteGone
+from kairos.zygote import ForkedProcess, Zygote, ZygoteGone, ZygoteStale
 from shared.bus import ensure_topics, wait_for_broker
 from shared.db import make_engine, prepare_database
 
@@ -135,6 +137,9 @@ class Stack:
     # simulated nodes per node-agent process: a few, so that one agent fault takes down
     # a slice of the cluster (production runs one agent per node)
     nodes_per_agent: int = 4
+    # node groups of their own GPU models, labels and taints (kairos/cluster_spec.py);
+    # None: `nodes` nodes alike
+    cluster: ClusterSpec | None = None
     admission_port: int = 8000
     kafka_bootstrap: str | None = None
     database_url: str | None = None
@@ -159,6 +164,7 @@ class Stack:
     # (kairos/zygote.py): a restart skips most of a start; KAIROS_ZYGOTE=0 turns it off
     use_zygote: bool = field(default_factory=lambda: os.environ.get("KAIROS_ZYGOTE") != "0")
     _zygote: Zygote | None = None
+    _retired: list[Zygote] = field(default_factory=list)  # of older code, until the stop
     _supervisor: Supervisor | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _halt: threading.Event = field(default_factory=threading.Event)
@@ -328,21 +334,38 @@ class Stack:
                 self._zygote = Zygote(self.workdir / "logs" / "zygote.log")
             try:
                 return self._zygote.spawn(argv[2], env, log)
+            except ZygoteStale:  # a new zygote preloads the code on disk now
+                self.say("zygote: the code changed; starting a new one")
+                self._retired.append(self._zygote)  # it still reaps what it forked
+                self._zygote = Zygote(self.workdir / "logs" / "zygote.log")
+                with contextlib.suppress(ZygoteGone):
+                    return self._zygote.spawn(argv[2], env, log)
             except ZygoteGone as exc:
                 self.say(f"zygote: {exc}; starting {argv[2]} as a process of its own")
         return _spawn(argv, env, log)
 
     def start_agents(self) -> None:
-        for first in range(0, self.nodes, self.nodes_per_agent):
-            count = min(self.nodes_per_agent, self.nodes - first)
-            # each process names its nodes <prefix>-<i>; prefixes keep names unique
-            prefix = f"node{first // self.nodes_per_agent}"
-            self.start_service(f"node-agent#{prefix}", module="services.node_agent", extra_env={
-                "KAIROS_NODE_ID": prefix if count > 1 else f"{prefix}-0",
-                "KAIROS_SIM_NODES": str(count),
-                "KAIROS_SIM_GPUS_PER_NODE": str(self.gpus_per_node),
-                "KAIROS_STATE_DIR": str(self.workdir / "agents"),
-            })
+        """``nodes`` alike, or (``cluster``) each node group's nodes with its model, labels
+        and taints; a few nodes an agent process either way."""
+        groups = [("node", self.nodes, {"KAIROS_SIM_GPUS_PER_NODE": str(self.gpus_per_node)})]
+        if self.cluster is not None:
+            groups = [(g.name, g.count, g.agent_env()) for g in self.cluster.node_groups]
+        for name, nodes, env in groups:
+            for first in range(0, nodes, self.nodes_per_agent):
+                count = min(self.nodes_per_agent, nodes - first)
+                # each process names its nodes <prefix>-<i>; prefixes keep names unique
+                prefix = f"{name}{first // self.nodes_per_agent}"
+                self.start_service(f"node-agent#{prefix}", module="services.node_agent",
+                                   extra_env={
+                                       **env,
+                                       "KAIROS_NODE_ID": prefix if count > 1 else f"{prefix}-0",
+                                       "KAIROS_SIM_NODES": str(count),
+                                       "KAIROS_STATE_DIR": str(self.workdir / "agents"),
+                                   })
+
+    @property
+    def node_count(self) -> int:
+        return self.cluster.nodes if self.cluster is not None else self.nodes
 
     def wait_ready(self, timeout_s: float = 90.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -367,7 +390,7 @@ class Stack:
         headers = {"Authorization": f"Bearer {self.token}"}
         while time.monotonic() < deadline:
             nodes = httpx.get(f"{self.url}/v1/nodes", headers=headers, timeout=5).json()
-            if len(nodes) >= self.nodes:
+            if len(nodes) >= self.node_count:
                 return
             time.sleep(0.2)
         raise TimeoutError("the agents' nodes never showed up in /v1/nodes")
@@ -448,9 +471,9 @@ class Stack:
                         f"not all read after {DRAIN_S:g}s (the journals keep them)")
                      + f"; services stopped in {time.monotonic() - read:.1f}s")
         self.procs.clear()
-        if self._zygote is not None:
-            self._zygote.close()
-            self._zygote = None
+        for zygote in [*self._retired, *([self._zygote] if self._zygote else [])]:
+            zygote.close()
+        self._zygote, self._retired = None, []
         self.services_file.unlink(missing_ok=True)
         if self._broker:
             self._broker.stop()

@@ -11,10 +11,16 @@ It preloads only modules that every service imports anyway (a test holds it to t
 metric registries and module state then hold exactly what a service started on its own
 would hold. It starts no thread before it forks.
 
+Code edited while a stack runs (a developer's ``kairos up``) must not give a restarted
+service the old preloaded modules beside new ones it imports itself: the zygote keeps the
+modification times of the project's files it preloaded, and answers a spawn with
+``stale`` once one changed; the stack then starts a new zygote, which preloads what is
+on disk now.
+
 Protocol, one JSON object a line: the stack writes ``{"spawn": id, "module": m, "env":
 {...}, "log": path}`` on the zygote's stdin; the zygote answers ``{"spawned": id, "pid":
-p}`` (or ``"error"``) and, whenever a child exits, ``{"exit": pid, "code": c}`` (negative
-for a signal, as ``Popen.returncode``). The zygote is the children's parent and reaps
+p}`` (or ``"error"``, or ``"stale"``) and, whenever a child exits, ``{"exit": pid,
+"code": c}`` (negative for a signal, as ``Popen.returncode``). The zygote is the children's parent and reaps
 them; EOF on its stdin (the stack is gone) ends it, and leaves its children running, as
 a stack's own children are left. ``ForkedProcess`` is the stack's handle on a child, with
 the part of ``subprocess.Popen`` the stack uses.
@@ -61,6 +67,13 @@ def _child(req: dict[str, Any], close: list[int]) -> None:
         os.dup2(log, 2)
         os.close(log)
         os.close(null)
+        # ps shows the service, not the zygote; before the environment is replaced:
+        # setproctitle takes its room from the process's first environment
+        with contextlib.suppress(ImportError):
+            from setproctitle import setproctitle
+
+            setproctitle(f"kairos {req['env'].get('KAIROS_SERVICE_NAME', '')} "
+                         f"(python -m {req['module']})")
         os.environ.clear()
         os.environ.update(req["env"])
         sys.argv = [req["module"]]
@@ -88,9 +101,32 @@ def _status(status: int) -> int:
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
+def _project_files() -> dict[str, float]:
+    """The preloaded modules of this project (not the libraries): file -> mtime."""
+    root = str(Path(__file__).resolve().parent.parent)
+    files = {}
+    for mod in list(sys.modules.values()):
+        path = getattr(mod, "__file__", None)
+        if path and path.startswith(root) and "site-packages" not in path:
+            with contextlib.suppress(OSError):
+                files[path] = os.stat(path).st_mtime
+    return files
+
+
+def _changed(files: dict[str, float]) -> bool:
+    for path, mtime in files.items():
+        try:
+            if os.stat(path).st_mtime != mtime:
+                return True
+        except OSError:
+            return True
+    return False
+
+
 def serve() -> None:
     for module in PRELOAD:
         importlib.import_module(module)
+    preloaded = _project_files()
     if threading.active_count() > 1:  # a fork would copy a lock some thread holds
         raise SystemExit("zygote: a preloaded module started a thread; cannot fork safely")
     out = sys.stdout.fileno()
@@ -130,6 +166,9 @@ def serve() -> None:
             while b"\n" in pending:
                 line, pending = pending.split(b"\n", 1)
                 req = json.loads(line)
+                if _changed(preloaded):  # the stack starts a zygote of the new code
+                    say({"spawned": req["spawn"], "stale": True})
+                    continue
                 try:
                     pid = os.fork()
                 except OSError as exc:
@@ -137,6 +176,8 @@ def serve() -> None:
                     continue
                 if pid == 0:
                     _child(req, [sel.fileno(), wake_r, wake_w])  # fd 1 is replaced
+                with contextlib.suppress(OSError):  # here too: the group is there on return
+                    os.setpgid(pid, pid)
                 say({"spawned": req["spawn"], "pid": pid})
         reap()
 
@@ -145,6 +186,10 @@ def serve() -> None:
 
 class ZygoteGone(RuntimeError):
     pass
+
+
+class ZygoteStale(ZygoteGone):
+    """The project's code changed since the zygote preloaded it."""
 
 
 class Zygote:
@@ -196,6 +241,8 @@ class Zygote:
                                        timeout_s):
                 raise ZygoteGone(f"no answer from the zygote in {timeout_s:g}s")
             msg = self._spawned.pop(ident, None)
+        if msg is not None and msg.get("stale"):
+            raise ZygoteStale("the code changed since the zygote started")
         if msg is None or "error" in msg:
             raise ZygoteGone(f"the zygote could not fork: {msg and msg.get('error')}")
         return ForkedProcess(int(msg["pid"]), self)

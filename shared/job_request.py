@@ -57,4 +57,7 @@ def job_request(spec: JobSpec, *, job_id: str, queue: str, tenant: str, user: st
         dataset=spec.dataset or "",
         preemptible=spec.preemptible,
         attempt=attempt,
+        gpu_models=spec.gpu_models if spec.total_gpus else (),
+        node_selector=dict(spec.node_selector),
+        tolerations=spec.core_tolerations,
     )

@@ -29,7 +29,16 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from shared.gpu_models import expand_all
 from shared.job_array import ArrayIndices, parse_array
+from shared.node_constraints import (
+    MAX_SELECTOR,
+    MAX_TOLERATIONS,
+    LabelKey,
+    LabelValue,
+    Toleration,
+    core_tolerations,
+)
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 MAX_TASKS = 64
@@ -176,6 +185,17 @@ class JobSpec(_Spec):
         description="the dataset it reads: nodes whose local cache holds it are preferred")] = None
     labels: dict[Text, Text] = Field(default_factory=dict,
                                      description="free-form key/value text kept with the job")
+    gpu_model: Annotated[str | list[Annotated[str, Field(max_length=128)]] | None, Field(
+        description=("the GPU models its GPUs may be: one (H100), or a list (H100, "
+                     "A100-80GB); a family, a family with its memory, or a product name "
+                     "as nodes report it (shared/gpu_models.py)"))] = None
+    node_selector: Annotated[dict[LabelKey, LabelValue], Field(
+        max_length=MAX_SELECTOR, description=(
+            "node labels it must run on (every one), as Kubernetes' nodeSelector; nodes "
+            "carry kairos.io/gpu-model and kairos.io/rack besides their own"))] = {}
+    tolerations: Annotated[list[Toleration], Field(max_length=MAX_TOLERATIONS, description=(
+        "node taints it tolerates, as Kubernetes' tolerations ({key, operator: "
+        "Equal|Exists, value, effect})"))] = []
     array: Annotated[str | None, Field(max_length=4096, description=(
         "a job array, as Slurm's --array: 0-999, 1,3,5-7, 0-15:4, and %N to run at most "
         "N elements at once (0-999%50); each index is a job of its own"))] = None
@@ -205,6 +225,15 @@ class JobSpec(_Spec):
             return v
         parse_array(v)  # a ValueError names what is wrong
         return v.strip()
+
+    @field_validator("gpu_model")
+    @classmethod
+    def _known_models(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(v, list) and not 1 <= len(v) <= 8:
+            raise ValueError("give one to eight GPU models")
+        if v is not None:
+            expand_all([v] if isinstance(v, str) else v)  # a ValueError names what is wrong
+        return v
 
     @field_validator("api_version")
     @classmethod
@@ -254,6 +283,18 @@ class JobSpec(_Spec):
     def gang_size(self) -> int:
         """Replicas that must start together (all of them unless minAvailable says fewer)."""
         return self.min_available or self.total_replicas
+
+    @property
+    def gpu_models(self) -> tuple[str, ...]:
+        """Every GPU model name its ``gpuModel`` matches (empty: any)."""
+        if self.gpu_model is None:
+            return ()
+        return expand_all([self.gpu_model] if isinstance(self.gpu_model, str)
+                          else self.gpu_model)
+
+    @property
+    def core_tolerations(self) -> tuple[str, ...]:
+        return core_tolerations(self.tolerations)
 
     @property
     def total_gpus(self) -> int:

@@ -3,20 +3,28 @@
 from __future__ import annotations
 
 from services.node_agent.devices.base import DeviceBackend
+from shared import gpu_models
 from shared.events import GpuInfo, NodeInventory
+from shared.node_constraints import parse_labels, parse_taints
 
 
 def node_inventory(node_id: str, devices: DeviceBackend, cpu_milli: int,
                    memory_mib: int, rack: str, runtime: str = "simulated",
                    address: str = "127.0.0.1", agent_url: str = "",
-                   datasets: list[str] | None = None) -> NodeInventory:
+                   datasets: list[str] | None = None, labels: str = "",
+                   taints: str = "") -> NodeInventory:
+    """Raises ValueError for labels or taints written wrong (the agent refuses to start)."""
+    gpus = [GpuInfo(index=d.index, uuid=d.uuid, model=d.model, memory_mib=d.memory_mib,
+                    nvlink_domain=d.nvlink_domain, nvlink_peers=list(d.nvlink_peers))
+            for d in devices.devices()]
+    own = {"kairos.io/rack": rack} if rack else {}
+    if gpus:  # a node's GPUs are one model (a mixed node is labelled by its first)
+        own[gpu_models.LABEL] = gpu_models.model_id(gpus[0].model, gpus[0].memory_mib)
     return NodeInventory(
         node_id=node_id, hostname=node_id, address=address, cpu_milli=cpu_milli,
         memory_mib=memory_mib, rack=rack, runtime=runtime, agent_url=agent_url,
-        datasets=datasets or [],
-        gpus=[GpuInfo(index=d.index, uuid=d.uuid, model=d.model, memory_mib=d.memory_mib,
-                      nvlink_domain=d.nvlink_domain, nvlink_peers=list(d.nvlink_peers))
-              for d in devices.devices()])
+        datasets=datasets or [], gpus=gpus, labels={**parse_labels(labels), **own},
+        taints=parse_taints(taints))
 
 
 def gpu_memory_mib(inventory: NodeInventory, index: int) -> int:

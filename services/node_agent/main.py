@@ -87,9 +87,13 @@ class AgentHost:
     def _add(self, name: str, devices: DeviceBackend, runtime_factory: RuntimeFactory) -> None:
         s = self.settings
         datasets = DatasetCache.from_setting(s.datasets_dir, s.datasets)
-        inv = node_inventory(name, devices, s.node_cpu_milli, s.node_memory_mib, s.rack,
-                             runtime=s.node_runtime, address=s.node_address or "127.0.0.1",
-                             agent_url=self.agent_url(), datasets=datasets.list())
+        try:
+            inv = node_inventory(name, devices, s.node_cpu_milli, s.node_memory_mib, s.rack,
+                                 runtime=s.node_runtime, address=s.node_address or "127.0.0.1",
+                                 agent_url=self.agent_url(), datasets=datasets.list(),
+                                 labels=s.node_labels, taints=s.node_taints)
+        except ValueError as exc:  # KAIROS_NODE_LABELS / KAIROS_NODE_TAINTS
+            raise SystemExit(f"node {name}: {exc}") from exc
         lease = Lease(s.fence_after_s, Path(s.state_dir, name, "lease") if s.state_dir else None,
                       book=self.lease_book, key=name)
         self.agents[name] = NodeAgent(

@@ -28,6 +28,10 @@ class AgentSettings(CommonSettings):
     # simulated tasks); empty = memory only
     state_dir: str = ""
     rack: str = "rack-0"
+    # the node's own labels (key=value,...) and taints (key=value:NoSchedule,...), as
+    # kubectl label / taint write them; the agent adds kairos.io/gpu-model and kairos.io/rack
+    node_labels: str = ""
+    node_taints: str = ""
     node_address: str = ""  # how other nodes reach this one (MASTER_ADDR); default loopback
     pod_namespace: str = "kairos"  # the Kubernetes runtime's namespace
     # how the gateway reaches this agent's HTTP port (task logs); default

@@ -17,7 +17,9 @@ from scheduling import Allocation, GpuSlot, JobRequest, Node, RunningJob, Snapsh
 from services.scheduler.history import gpu_key
 from services.scheduler.model import Cluster, NodeView, SchedJob
 from shared.events import JobState
+from shared.gpu_models import model_id
 from shared.job_request import job_request as shared_job_request
+from shared.node_constraints import hard_taints
 
 
 def job_request(job: SchedJob, caps: Mapping[str, int] | None = None) -> JobRequest:
@@ -33,10 +35,11 @@ def core_node(n: NodeView) -> Node:
         node_id=n.inventory.node_id,
         cpu_milli=n.inventory.cpu_milli,
         memory_mib=n.inventory.memory_mib,
-        gpus=[GpuSlot(g.index, g.uuid, g.model, g.memory_mib, g.nvlink_domain,
-                      healthy=g.index not in n.degraded_gpus)
+        gpus=[GpuSlot(g.index, g.uuid, model_id(g.model, g.memory_mib), g.memory_mib,
+                      g.nvlink_domain, healthy=g.index not in n.degraded_gpus)
               for g in n.inventory.gpus],
         labels=dict(n.inventory.labels),
+        taints=hard_taints(n.inventory.taints),
         rack=n.inventory.rack,
         schedulable=not n.lost and not n.cordon,
         cordoned=bool(n.cordon),

@@ -33,6 +33,8 @@ class NodeInventory(BaseModel):
     memory_mib: int
     gpus: list[GpuInfo] = Field(default_factory=list)
     labels: dict[str, str] = Field(default_factory=dict)
+    # "key=value:Effect" (shared/node_constraints.py): jobs must tolerate the hard ones
+    taints: list[str] = Field(default_factory=list)
     rack: str = ""
     runtime: str = "simulated"
     agent_url: str = Field(default="", description="the agent's HTTP base URL (task logs)")

@@ -9,12 +9,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from kairos.stack import MODULES, SERVICES
-from kairos.zygote import PRELOAD, Zygote
+from kairos.zygote import PRELOAD, Zygote, ZygoteStale
 
 CHILD = "tests.kairos.zygote_child"
 
@@ -55,11 +56,19 @@ def test_a_killed_child_reads_as_popen_says_and_an_error_is_logged(
     assert zygote.spawn(CHILD, env(), tmp_path / "again.log").wait(30) == 0
 
 
-def test_children_outlive_nothing_they_should_not(tmp_path: Path) -> None:
-    """The zygote ends when the stack closes it; a child it forked is not its group."""
+def test_a_child_has_its_own_group_and_name_and_the_zygote_ends_on_close(
+        tmp_path: Path) -> None:
     z = Zygote(tmp_path / "zygote.log")
-    child = z.spawn(CHILD, env(ZYGOTE_SLEEP="1"), tmp_path / "c.log")
+    child = z.spawn(CHILD, env(ZYGOTE_SLEEP="1", KAIROS_SERVICE_NAME="probe"),
+                    tmp_path / "c.log")
     assert os.getpgid(child.pid) == child.pid != os.getpgid(0)
+    deadline = time.monotonic() + 30
+    log = tmp_path / "c.log"  # the child makes it
+    while not (log.exists() and "env=" in log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)  # it runs its module (the title is set before)
+    # ps shows the service (setproctitle comes with the embedded extras)
+    title = Path(f"/proc/{child.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    assert "kairos probe" in title, title
     child.kill()
     assert child.wait(30) == -signal.SIGKILL
     z.close()
@@ -81,3 +90,20 @@ def test_the_preload_is_only_what_every_service_imports() -> None:
         main = f"{package}.service" if name == "forecaster" else f"{package}.main"
         extra = preloaded - modules(f"import sys, {main}")
         assert not extra, f"{name} never imports {sorted(extra)[:10]}"
+
+
+def test_a_zygote_of_code_since_edited_forks_nothing(zygote: Zygote, tmp_path: Path) -> None:
+    """A restarted service must not get the old preloaded modules beside new ones it
+    imports itself: the zygote says it is stale, and the stack starts a new one."""
+    import shared.jobspec
+
+    path = Path(shared.jobspec.__file__)
+    st = path.stat()
+    assert zygote.spawn(CHILD, env(), tmp_path / "a.log").wait(30) == 0  # preloaded
+    try:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        with pytest.raises(ZygoteStale):
+            zygote.spawn(CHILD, env(), tmp_path / "b.log")
+    finally:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert zygote.spawn(CHILD, env(), tmp_path / "c.log").wait(30) == 0

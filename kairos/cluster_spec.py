@@ -1,0 +1,84 @@
+"""A simulated cluster of several kinds of node, for `kairos up --cluster FILE`, the tests
+and the benchmarks: node groups, each with its GPU model, GPU count, labels and taints.
+
+    nodeGroups:
+      - name: h100            # node ids h100<i>-<j>
+        count: 4
+        gpuModel: H100-80GB   # or a product name, "NVIDIA A100-SXM4-40GB"
+        gpus: 8
+        labels: {zone: a}
+        taints: ["dedicated=ml:NoSchedule"]
+
+Each group runs as agent processes of a few nodes each, like the homogeneous stack; an
+agent reports its group's model, labels and taints as a real node's agent would
+(``KAIROS_SIM_GPU_MODEL``, ``KAIROS_NODE_LABELS``, ``KAIROS_NODE_TAINTS``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.alias_generators import to_camel
+
+from shared import gpu_models
+from shared.node_constraints import LabelKey, LabelValue, parse_taints
+
+
+class NodeGroup(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True,
+                              extra="forbid", frozen=True)
+    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9]{0,19}$")]
+    count: Annotated[int, Field(ge=1, le=10_000)]
+    gpu_model: str = "NVIDIA H100 80GB HBM3"
+    gpu_memory_mib: Annotated[int | None, Field(alias="gpuMemoryMiB", ge=1)] = None
+    gpus: Annotated[int, Field(ge=0, le=64)] = 8
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
+    taints: list[str] = Field(default_factory=list)
+
+    @field_validator("gpu_model")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        gpu_models.expand(v)  # a ValueError names the known families
+        return v
+
+    @field_validator("taints")
+    @classmethod
+    def _taints(cls, v: list[str]) -> list[str]:
+        return parse_taints(",".join(v))
+
+    @property
+    def memory_mib(self) -> int:
+        """As given, else the model's memory as NVML reports it (a little under the box)."""
+        return self.gpu_memory_mib or gpu_models.reported_memory_mib(self.gpu_model)
+
+    def agent_env(self) -> dict[str, str]:
+        return {"KAIROS_SIM_GPU_MODEL": self.gpu_model,
+                "KAIROS_SIM_GPU_MEMORY_MIB": str(self.memory_mib),
+                "KAIROS_SIM_GPUS_PER_NODE": str(self.gpus),
+                "KAIROS_NODE_LABELS": ",".join(f"{k}={v}" for k, v in self.labels.items()),
+                "KAIROS_NODE_TAINTS": ",".join(self.taints)}
+
+
+class ClusterSpec(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+    node_groups: Annotated[list[NodeGroup], Field(min_length=1, max_length=64)]
+
+    @field_validator("node_groups")
+    @classmethod
+    def _unique(cls, groups: list[NodeGroup]) -> list[NodeGroup]:
+        names = [g.name for g in groups]
+        if len(set(names)) != len(names):
+            raise ValueError("node group names must be unique")
+        return groups
+
+    @property
+    def nodes(self) -> int:
+        return sum(g.count for g in self.node_groups)
+
+
+def load_cluster(path: Path) -> ClusterSpec:
+    """Raises ValueError (pydantic's, naming the field) for a file written wrong."""
+    return ClusterSpec.model_validate(yaml.safe_load(path.read_text()) or {})

@@ -1,0 +1,118 @@
+"""A mixed cluster on the real stack: nodes of three GPU models, one of them tainted.
+Jobs asking for a model, a family, a list of models, a node label or a toleration land
+only where they may; a job no node may take waits, saying why; a model no GPU has is
+refused at submit (422) before anything is stored."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from kairos.cluster_spec import ClusterSpec, NodeGroup
+from kairos.embedded import free_port
+from kairos.stack import Stack
+from tests.e2e.test_supervisor import dump_tracebacks, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.broker, pytest.mark.db]
+CLUSTER = ClusterSpec(node_groups=[
+    NodeGroup(name="hopper", count=1, gpu_model="NVIDIA H100 80GB HBM3", gpus=2,
+              labels={"zone": "a"}),
+    NodeGroup(name="volta", count=1, gpu_model="Tesla V100-SXM2-32GB", gpus=2,
+              labels={"zone": "b"}),
+    NodeGroup(name="ampere", count=1, gpu_model="NVIDIA A100-SXM4-80GB", gpus=2,
+              taints=["dedicated=ml:NoSchedule"]),
+])
+NODE_OF = {"hopper": "hopper0-0", "volta": "volta0-0", "ampere": "ampere0-0"}
+
+
+@pytest.fixture(scope="module")
+def mixed() -> Iterator[Stack]:
+    workdir = Path(tempfile.mkdtemp(prefix="kairos-mixed-"))
+    s = Stack(workdir=workdir, cluster=CLUSTER, admission_port=free_port(),
+              env={"KAIROS_HEARTBEAT_S": "1", "KAIROS_TELEMETRY_S": "1"})
+    try:
+        s.start()
+        yield s
+    finally:
+        s.stop()
+        dump_tracebacks(workdir)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def job(**extra: Any) -> dict[str, Any]:
+    return {"name": "mixed", "duration": 0.5,
+            "tasks": [{"name": "w", "resources": {"gpu": 1}}], **extra}
+
+
+def submit(stack: Stack, spec: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{stack.url}/v1/jobs", json=spec, timeout=30,
+                      headers={"Authorization": f"Bearer {stack.token}"})
+
+
+def get(stack: Stack, job_id: str) -> dict[str, Any]:
+    r = httpx.get(f"{stack.url}/v1/jobs/{job_id}", timeout=30,
+                  headers={"Authorization": f"Bearer {stack.token}"})
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def ran_on(stack: Stack, spec: dict[str, Any]) -> str:
+    r = submit(stack, spec)
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    done = wait_for(lambda: (j := get(stack, job_id))["state"] == "succeeded" and j, 120,
+                    f"{spec} succeeded")
+    nodes = {h["node_id"] for h in done["history"] if h["task"]}  # its tasks' reports
+    assert len(nodes) == 1, done["history"]
+    return str(nodes.pop())
+
+
+def test_nodes_carry_their_model_labels_and_taints(mixed: Stack) -> None:
+    r = httpx.get(f"{mixed.url}/v1/nodes", timeout=30,
+                  headers={"Authorization": f"Bearer {mixed.token}"})
+    nodes = {n["node_id"]: n for n in r.json()}
+    assert set(nodes) == set(NODE_OF.values())
+    inv = {k: n.get("inventory", n) for k, n in nodes.items()}
+    assert inv["volta0-0"]["labels"]["kairos.io/gpu-model"] == "V100-32GB"
+    assert inv["volta0-0"]["labels"]["zone"] == "b"
+    assert inv["ampere0-0"]["taints"] == ["dedicated=ml:NoSchedule"]
+
+
+def test_a_job_runs_only_where_its_constraints_allow(mixed: Stack) -> None:
+    for _ in range(3):  # not by chance: each lands there every time
+        assert ran_on(mixed, job(gpuModel="V100")) == NODE_OF["volta"]
+        assert ran_on(mixed, job(gpuModel="H100-80GB")) == NODE_OF["hopper"]
+        assert ran_on(mixed, job(nodeSelector={"zone": "b"})) == NODE_OF["volta"]
+        assert ran_on(mixed, job(gpuModel=["K80", "V100-32GB"])) == NODE_OF["volta"]
+        assert ran_on(mixed, job(gpuModel="A100", tolerations=[
+            {"key": "dedicated", "operator": "Equal", "value": "ml"}])) == NODE_OF["ampere"]
+        # without constraints, never onto the tainted node
+        assert ran_on(mixed, job()) in (NODE_OF["hopper"], NODE_OF["volta"])
+
+
+def test_a_job_no_node_may_take_waits_and_says_why(mixed: Stack) -> None:
+    r = submit(mixed, job(gpuModel="A100-80GB"))  # only on the tainted node
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    waiting = wait_for(lambda: (get(mixed, job_id).get("placement_wait") or None), 60,
+                       "the scheduler said why it waits")
+    assert waiting["reason"] in ("gpu_model", "no_matching_node"), waiting
+    assert get(mixed, job_id)["state"] in ("pending", "admitted")
+    httpx.delete(f"{mixed.url}/v1/jobs/{job_id}", timeout=30,
+                 headers={"Authorization": f"Bearer {mixed.token}"})
+
+
+def test_an_unknown_model_or_a_bad_toleration_is_refused_at_submit(mixed: Stack) -> None:
+    r = submit(mixed, job(gpuModel="H1000"))
+    assert r.status_code == 422 and "unknown GPU model 'H1000'" in r.text, r.text
+    r = submit(mixed, job(gpuModel="A100-64GB"))
+    assert r.status_code == 422 and "no A100 has 64 GB" in r.text, r.text
+    r = submit(mixed, job(tolerations=[{"operator": "Exists"}]))
+    assert r.status_code == 422 and "key" in r.text, r.text

@@ -38,6 +38,14 @@ from shared.quota_state import QuotaState
 from shared.quota_tree import QueueTree, Vec, spec_demand
 
 NOW_S = 5.0  # a start this close is "now"
+# why a job that would never start waits, in its spec's words
+CONSTRAINED = {
+    WaitReason.GPU_MODEL: "no node with a GPU of the models it asks for (gpuModel) that "
+                          "its nodeSelector and tolerations allow has room for it",
+    WaitReason.NO_MATCHING_NODE: "no node matches its nodeSelector and tolerates the "
+                                 "node's taints (tolerations)",
+    WaitReason.NEVER_FITS: "larger than any node it may use",
+}
 NODES_NAMED = 6  # more are counted, not named
 
 
@@ -140,7 +148,7 @@ async def forecast(intake: Intake, caller: Principal, one: JobSpec) -> DryRunFor
         as_of=datetime.fromtimestamp(as_of, UTC), start=_time(f.start),
         finish=_time(f.finish), start_low=_time(f.start_low), start_high=_time(f.start_high),
         in_seconds=None if f.start is None else max(0.0, f.start - now), nodes=f.nodes,
-        waits_for=f.waits_for)
+        waits_for=f.waits_for, reason=f.reason)
 
 
 def _band(point: str, low: str, high: str) -> str:
@@ -174,7 +182,8 @@ def summary(out: DryRunOut, now: float) -> str:
         if f.finish is not None:
             parts.append(f"would finish about {in_words(f.finish.timestamp() - now)} from now")
     elif f is not None:
-        parts.append("no start expected within the forecast's horizon")
+        parts.append("no start expected within the forecast's horizon"
+                     + (f": {CONSTRAINED[f.reason]}" if f.reason in CONSTRAINED else ""))
     else:
         parts.append("would be accepted")
     blockers = [b for b in (out.quota.blocked_by, f.waits_for if f else None) if b]

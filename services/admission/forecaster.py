@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from shared.events.reasons import WaitCode
 from shared.logging import get_logger
 
 log = get_logger(__name__)
@@ -33,6 +34,7 @@ class CandidateForecast(BaseModel):
     start_high: float | None = None
     nodes: list[str] = []
     waits_for: str | None = None
+    reason: WaitCode | None = None
 
 
 class WhatIfAnswer(BaseModel):

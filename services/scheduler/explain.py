@@ -31,10 +31,12 @@ DETAIL = {
                             "or holds the capacity it needs",
     PendingReason.BACKFILL_BLOCKED: "starting it now would delay the job the backfill "
                                     "holds capacity for",
-    PendingReason.GPU_MODEL: "no GPU of an allowed model is free",
+    PendingReason.GPU_MODEL: "no GPU of the models it asks for (gpuModel) is free on a "
+                             "node its nodeSelector and tolerations allow",
     PendingReason.PREEMPTING: "lower-priority work is stopping to make room for it",
     PendingReason.AFFINITY: "a required affinity or anti-affinity rule cannot be met now",
-    PendingReason.NO_MATCHING_NODE: "its node selector or taints exclude every node",
+    PendingReason.NO_MATCHING_NODE: "its nodeSelector, or taints it does not tolerate, "
+                                    "exclude every node",
     PendingReason.CORDONED: "there is room for it only on cordoned or draining nodes",
 }
 

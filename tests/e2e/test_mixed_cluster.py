@@ -35,7 +35,8 @@ NODE_OF = {"hopper": "hopper0-0", "volta": "volta0-0", "ampere": "ampere0-0"}
 def mixed() -> Iterator[Stack]:
     workdir = Path(tempfile.mkdtemp(prefix="kairos-mixed-"))
     s = Stack(workdir=workdir, cluster=CLUSTER, admission_port=free_port(),
-              env={"KAIROS_HEARTBEAT_S": "1", "KAIROS_TELEMETRY_S": "1"})
+              env={"KAIROS_HEARTBEAT_S": "1", "KAIROS_TELEMETRY_S": "1",
+                   "KAIROS_FORECAST_EVERY_S": "1"})
     try:
         s.start()
         yield s
@@ -116,3 +117,23 @@ def test_an_unknown_model_or_a_bad_toleration_is_refused_at_submit(mixed: Stack)
     assert r.status_code == 422 and "no A100 has 64 GB" in r.text, r.text
     r = submit(mixed, job(tolerations=[{"operator": "Exists"}]))
     assert r.status_code == 422 and "key" in r.text, r.text
+
+
+def test_the_dry_run_says_where_it_would_run_and_why_it_never_would(mixed: Stack) -> None:
+    def dry(spec: dict[str, Any]) -> dict[str, Any]:
+        def answer() -> dict[str, Any] | None:
+            r = httpx.post(f"{mixed.url}/v1/jobs?dryRun=All", json=spec, timeout=30,
+                           headers={"Authorization": f"Bearer {mixed.token}"})
+            assert r.status_code == 200, r.text
+            body: dict[str, Any] = r.json()
+            return body if body["forecast"] is not None else None  # once it has a snapshot
+        out: dict[str, Any] = wait_for(answer, 60, "a forecast")
+        return out
+
+    assert dry(job(gpuModel="V100"))["forecast"]["nodes"] == [NODE_OF["volta"]]
+    tainted = dry(job(gpuModel="A100-80GB"))  # its only node is tainted
+    assert tainted["forecast"]["start"] is None and tainted["forecast"]["reason"] == "gpu_model"
+    assert "(gpuModel)" in tainted["summary"], tainted["summary"]
+    nowhere = dry(job(nodeSelector={"zone": "z"}))
+    assert nowhere["forecast"]["reason"] == "no_matching_node"
+    assert "matches its nodeSelector" in nowhere["summary"], nowhere["summary"]

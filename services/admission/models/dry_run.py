@@ -9,6 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from shared.events.reasons import WaitCode
+
 
 class QuotaDemand(BaseModel):
     gpus: float = Field(description="GPUs (a share counts its compute fraction)")
@@ -42,6 +44,9 @@ class DryRunForecast(BaseModel):
     in_seconds: float | None = Field(description="from now to the expected start")
     nodes: list[str] = Field(description="the nodes it would get")
     waits_for: str | None = Field(description="what it waits behind meanwhile")
+    reason: WaitCode | None = Field(default=None, description=(
+        "why it would wait: the scheduler's pending reason in the replay (gpu_model, "
+        "no_matching_node, never_fits: no node it may use could take it)"))
 
 
 class DryRunOut(BaseModel):

@@ -30,6 +30,7 @@ from services.scheduler.forecaster.settings import ForecasterSettings
 from services.scheduler.history import JobHistory, gpu_key
 from shared.bus import Producer
 from shared.events import Envelope, utcnow
+from shared.events.reasons import WaitCode
 from shared.http import HttpServer, ReadyCheck, add_ops_routes
 from shared.job_request import job_request
 from shared.jobspec import JobSpec
@@ -168,6 +169,8 @@ class WhatIfForecast(BaseModel):
     start_high: float | None
     nodes: list[str]
     waits_for: str | None = Field(description="the job it would wait behind, if one")
+    reason: WaitCode | None = Field(default=None, description=(
+        "why it would wait (the scheduler's pending reason in the replay), if it would"))
 
 
 class WhatIfOut(BaseModel):
@@ -200,7 +203,8 @@ def create_app(fc: Forecaster, ready: ReadyCheck) -> FastAPI:
         WHAT_IF.observe(time.perf_counter() - t0)
         return WhatIfOut(as_of=snap.now, forecasts=[WhatIfForecast(
             job_id=f.job_id, start=f.start, finish=f.finish, start_low=f.start_low,
-            start_high=f.start_high, nodes=f.nodes, waits_for=f.waits_for) for f in got])
+            start_high=f.start_high, nodes=f.nodes, waits_for=f.waits_for, reason=f.reason)
+            for f in got])
 
     return app
 

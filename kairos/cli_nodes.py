@@ -32,8 +32,22 @@ def _state(n: dict[str, Any]) -> str:
 
 
 def _model(n: dict[str, Any]) -> str:
-    gpus = n["inventory"]["gpus"]
-    return str(gpus[0]["model"]) if gpus else "-"
+    """The name jobs ask for in gpuModel (its kairos.io/gpu-model label), else the
+    product name an older agent reported."""
+    inv = n["inventory"]
+    named = inv.get("labels", {}).get("kairos.io/gpu-model")
+    return str(named) if named else str(inv["gpus"][0]["model"]) if inv["gpus"] else "-"
+
+
+def _labels(n: dict[str, Any]) -> str:
+    """The node's own labels (those the platform sets are in other columns)."""
+    own = {k: v for k, v in n["inventory"].get("labels", {}).items()
+           if not k.startswith("kairos.io/")}
+    return ",".join(f"{k}={v}" for k, v in sorted(own.items())) or "-"
+
+
+def _taints(n: dict[str, Any]) -> str:
+    return ",".join(n["inventory"].get("taints") or []) or "-"
 
 
 NODE_COLUMNS = (
@@ -44,6 +58,8 @@ NODE_COLUMNS = (
     Col("shared", field("gpus_shared")),
     Col("health", lambda n: gpu_health(n.get("gpu_health") or [])),
     Col("model", _model),
+    Col("labels", _labels, wide=True),
+    Col("taints", _taints, wide=True),
     Col("why", field("scheduling_reason"), wide=True),
     Col("heartbeat", timestamp("last_heartbeat"), wide=True),
 )

@@ -84,6 +84,17 @@ def test_nodes_carry_their_model_labels_and_taints(mixed: Stack) -> None:
     assert inv["volta0-0"]["labels"]["kairos.io/gpu-model"] == "V100-32GB"
     assert inv["volta0-0"]["labels"]["zone"] == "b"
     assert inv["ampere0-0"]["taints"] == ["dedicated=ml:NoSchedule"]
+    # and `kairos nodes -o wide` shows what a job can ask for
+    from typer.testing import CliRunner
+
+    from kairos.cli import app
+    out = CliRunner().invoke(app, ["nodes", "-o", "wide", "--url", mixed.url,
+                                   "--token", mixed.token or ""], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    volta = next(line for line in out.output.splitlines() if "volta0-0" in line)
+    ampere = next(line for line in out.output.splitlines() if "ampere0-0" in line)
+    assert "V100-32GB" in volta and "zone=b" in volta, out.output
+    assert "A100-80GB" in ampere and "dedicated=ml:NoSchedule" in ampere, out.output
 
 
 def test_a_job_runs_only_where_its_constraints_allow(mixed: Stack) -> None:

@@ -28,6 +28,14 @@ FAMILIES: dict[str, tuple[int, ...]] = {
     "A2": (16,), "V100": (16, 32), "T4": (16,), "P100": (12, 16), "P40": (24,), "P4": (8,),
     "K80": (12,),
 }
+# CUDA compute capability by family (what a simulated GPU reports)
+COMPUTE_CAPABILITY = {
+    "B200": "10.0", "GB200": "10.0", "H200": "9.0", "GH200": "9.0", "H100": "9.0",
+    "H800": "9.0", "H20": "9.0", "L40S": "8.9", "L40": "8.9", "L4": "8.9", "A100": "8.0",
+    "A800": "8.0", "A30": "8.0", "A40": "8.6", "A10G": "8.6", "A10": "8.6", "A16": "8.6",
+    "A2": "8.6", "V100": "7.0", "T4": "7.5", "P100": "6.0", "P40": "6.1", "P4": "6.1",
+    "K80": "3.7",
+}
 _FAMILY = re.compile(r"(?<![A-Z0-9])(" + "|".join(sorted(FAMILIES, key=len, reverse=True))
                      + r")(?![A-Z0-9])")
 _SIZE = re.compile(r"(\d+)\s*G(?:B|IB)?(?![A-Z0-9])")
@@ -49,14 +57,30 @@ def _parse(name: str) -> tuple[str | None, int | None]:
 
 
 def model_id(product: str, memory_mib: int = 0) -> str:
-    """The platform's name for a GPU an agent reports: ``H100-80GB``; the product name as
-    given for a family it does not know."""
+    """The platform's name for a GPU an agent reports: ``H100-80GB``; for a family it does
+    not know, the product name made a valid label value (``NVIDIA-GeForce-RTX-4090``)."""
     family, gb = _parse(product)
     if family is None:
-        return product.strip() or "unknown"
+        return re.sub(r"[^A-Za-z0-9._-]+", "-", product).strip("-._")[:63] or "unknown"
     if gb is None and memory_mib:
         gb = round(memory_mib / 1024)
     return f"{family}-{_snap(family, gb)}GB" if gb else family
+
+
+def compute_capability(product: str) -> str:
+    """The family's CUDA compute capability ("" for a family not known)."""
+    family, _ = _parse(product)
+    return COMPUTE_CAPABILITY.get(family or "", "")
+
+
+def node_labels(model: str) -> dict[str, str]:
+    """The labels a node's GPU model gives it: its name, and for a known family the
+    family and memory apart (``nodeSelector: {kairos.io/gpu-family: A100}``)."""
+    labels = {LABEL: model}
+    family, _, memory = model.partition("-")
+    if family in FAMILIES and memory:
+        labels |= {"kairos.io/gpu-family": family, "kairos.io/gpu-memory": memory}
+    return labels
 
 
 def reported_memory_mib(name: str) -> int:

@@ -83,6 +83,10 @@ def test_nodes_carry_their_model_labels_and_taints(mixed: Stack) -> None:
     inv = {k: n.get("inventory", n) for k, n in nodes.items()}
     assert inv["volta0-0"]["labels"]["kairos.io/gpu-model"] == "V100-32GB"
     assert inv["volta0-0"]["labels"]["zone"] == "b"
+    assert {k: v for k, v in inv["volta0-0"]["labels"].items() if k != "kairos.io/rack"} == {
+        "kairos.io/gpu-model": "V100-32GB", "kairos.io/gpu-family": "V100",
+        "kairos.io/gpu-memory": "32GB", "kairos.io/gpu-count": "2", "kairos.io/mig": "disabled",
+        "kairos.io/compute-capability": "7.0", "zone": "b"}
     assert inv["ampere0-0"]["taints"] == ["dedicated=ml:NoSchedule"]
     # and `kairos nodes -o wide` shows what a job can ask for
     from typer.testing import CliRunner
@@ -102,6 +106,8 @@ def test_a_job_runs_only_where_its_constraints_allow(mixed: Stack) -> None:
         assert ran_on(mixed, job(gpuModel="V100")) == NODE_OF["volta"]
         assert ran_on(mixed, job(gpuModel="H100-80GB")) == NODE_OF["hopper"]
         assert ran_on(mixed, job(nodeSelector={"zone": "b"})) == NODE_OF["volta"]
+        assert ran_on(mixed, job(nodeSelector={"kairos.io/gpu-family": "H100"})) \
+            == NODE_OF["hopper"]
         assert ran_on(mixed, job(gpuModel=["K80", "V100-32GB"])) == NODE_OF["volta"]
         assert ran_on(mixed, job(gpuModel="A100", tolerations=[
             {"key": "dedicated", "operator": "Equal", "value": "ml"}])) == NODE_OF["ampere"]

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from shared.gpu_models import FAMILIES, expand, expand_all, model_id, reported_memory_mib
+from shared.gpu_models import (
+    FAMILIES,
+    expand,
+    expand_all,
+    model_id,
+    node_labels,
+    reported_memory_mib,
+)
 
 
 @pytest.mark.parametrize(("product", "memory_mib", "name"), [
@@ -18,7 +25,7 @@ from shared.gpu_models import FAMILIES, expand, expand_all, model_id, reported_m
     ("NVIDIA L40S", 46068, "L40S-48GB"),  # not L4
     ("NVIDIA L4", 23034, "L4-24GB"),
     ("NVIDIA A10G", 23028, "A10G-24GB"),  # not A10
-    ("NVIDIA GeForce RTX 4090", 24564, "NVIDIA GeForce RTX 4090"),  # unknown: as given
+    ("NVIDIA GeForce RTX 4090", 24564, "NVIDIA-GeForce-RTX-4090"),  # unknown: a label value
 ])
 def test_a_reported_gpu_is_named_by_family_and_memory(product: str, memory_mib: int,
                                                       name: str) -> None:
@@ -44,3 +51,11 @@ def test_a_request_matches_a_family_a_size_or_a_product_name() -> None:
 def test_a_model_no_gpu_has_is_refused_naming_why(request_: str, says: str) -> None:
     with pytest.raises(ValueError, match=says):
         expand(request_)
+
+
+def test_a_node_is_labelled_by_its_model_family_and_memory() -> None:
+    assert node_labels("A100-80GB") == {"kairos.io/gpu-model": "A100-80GB",
+                                        "kairos.io/gpu-family": "A100",
+                                        "kairos.io/gpu-memory": "80GB"}
+    assert node_labels("NVIDIA-GeForce-RTX-4090") == {
+        "kairos.io/gpu-model": "NVIDIA-GeForce-RTX-4090"}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 
 from services.node_agent.devices.base import GpuDevice, GpuSample
+from shared.gpu_models import compute_capability
 
 
 class SimulatedDevices:
@@ -21,7 +22,7 @@ class SimulatedDevices:
                 uuid="GPU-" + hashlib.sha1(f"{node_id}/{i}".encode()).hexdigest()[:32],
                 model=model,
                 memory_mib=memory_mib,
-                compute_capability="9.0",
+                compute_capability=compute_capability(model),
                 nvlink_peers=tuple(j for j in range(count) if j != i and j // 4 == i // 4),
                 nvlink_domain=i // 4,
             )

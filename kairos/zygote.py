@@ -44,6 +44,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from kairos.embedded import pid_dead
+
 # what every service imports (and imports little else): tests/kairos/test_zygote.py
 PRELOAD = ("shared.service", "shared.http", "shared.db", "shared.jobspec", "shared.job_array")
 
@@ -97,10 +99,6 @@ def _child(req: dict[str, Any], close: list[int]) -> None:
         os._exit(code)
 
 
-def _status(status: int) -> int:
-    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-
-
 def _project_files() -> dict[str, float]:
     """The preloaded modules of this project (not the libraries): file -> mtime."""
     root = str(Path(__file__).resolve().parent.parent)
@@ -151,7 +149,7 @@ def serve() -> None:
                 return
             if pid == 0:
                 return
-            say({"exit": pid, "code": _status(status)})
+            say({"exit": pid, "code": os.waitstatus_to_exitcode(status)})  # as Popen's
 
     while True:
         for key, _ in sel.select():
@@ -279,7 +277,7 @@ class ForkedProcess:
     def poll(self) -> int | None:
         if self.returncode is None:
             self.returncode = self._zygote.exit_code(self.pid)
-            if self.returncode is None and not self._zygote.alive and _gone(self.pid):
+            if self.returncode is None and not self._zygote.alive and pid_dead(self.pid):
                 self.returncode = 255  # ended after its zygote: its status is unknown
         return self.returncode
 
@@ -306,16 +304,6 @@ class ForkedProcess:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ named by its product name and is still reached through ``nodeSelector`` on its
 
 from __future__ import annotations
 
+import functools
 import re
 
 # family -> memory sizes (GB) it ships with; newest first within each generation
@@ -56,6 +57,7 @@ def _parse(name: str) -> tuple[str | None, int | None]:
     return family.group(1), None if size is None else int(size.group(1))
 
 
+@functools.lru_cache(maxsize=1024)  # per GPU of every node, each time the nodes change
 def model_id(product: str, memory_mib: int = 0) -> str:
     """The platform's name for a GPU an agent reports: ``H100-80GB``; for a family it does
     not know, the product name made a valid label value (``NVIDIA-GeForce-RTX-4090``)."""
@@ -92,6 +94,7 @@ def reported_memory_mib(name: str) -> int:
     return int((gb or FAMILIES[family][0]) * 1019.5)
 
 
+@functools.lru_cache(maxsize=1024)  # per job, each time its request is made
 def expand(requested: str) -> tuple[str, ...]:
     """The model names a request matches. Raises ValueError for an unknown family or a
     size the family never had."""

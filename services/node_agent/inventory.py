@@ -14,17 +14,17 @@ def node_inventory(node_id: str, devices: DeviceBackend, cpu_milli: int,
                    datasets: list[str] | None = None, labels: str = "",
                    taints: str = "") -> NodeInventory:
     """Raises ValueError for labels or taints written wrong (the agent refuses to start)."""
+    devs = devices.devices()
     gpus = [GpuInfo(index=d.index, uuid=d.uuid, model=d.model, memory_mib=d.memory_mib,
                     nvlink_domain=d.nvlink_domain, nvlink_peers=list(d.nvlink_peers))
-            for d in devices.devices()]
+            for d in devs]
     own = {"kairos.io/rack": rack} if rack else {}
-    if gpus:  # a node's GPUs are one model (a mixed node is labelled by its first)
-        own |= gpu_models.node_labels(gpu_models.model_id(gpus[0].model, gpus[0].memory_mib))
-        own["kairos.io/gpu-count"] = str(len(gpus))
-        devices_ = devices.devices()
-        own["kairos.io/mig"] = "enabled" if any(d.mig_mode for d in devices_) else "disabled"
-        if devices_[0].compute_capability:
-            own["kairos.io/compute-capability"] = devices_[0].compute_capability
+    if devs:  # a node's GPUs are one model (a mixed node is labelled by its first)
+        own |= gpu_models.node_labels(gpu_models.model_id(devs[0].model, devs[0].memory_mib))
+        own["kairos.io/gpu-count"] = str(len(devs))
+        own["kairos.io/mig"] = "enabled" if any(d.mig_mode for d in devs) else "disabled"
+        if devs[0].compute_capability:
+            own["kairos.io/compute-capability"] = devs[0].compute_capability
     return NodeInventory(
         node_id=node_id, hostname=node_id, address=address, cpu_milli=cpu_milli,
         memory_mib=memory_mib, rack=rack, runtime=runtime, agent_url=agent_url,

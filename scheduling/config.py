@@ -109,6 +109,9 @@ DEFAULT_PLUGINS: tuple[PluginSpec, ...] = (
     _spec("kairos", 2.0),
     _spec("loadaware", 0.5),
     _spec("locality", 0.5),
+    # speed per GPU model, where jobs give it: 2x slower costs 8 points, more than the
+    # whole range of the packing scores above, so speed comes first (bench/sim_hetero.py)
+    _spec("throughput", 8.0),
     # the head job's reservation is searched again every 30 minutes, or once its start
     # has passed (Slurm's bf_interval): a free GPU still goes to it at once, only what
     # may backfill waits for the next search (the whole search was a fifth of a cycle)
@@ -190,11 +193,13 @@ class SchedulerConfig(BaseModel):
 
     def actions(self) -> tuple[str, ...]:
         """The cycle's actions, in order (Volcano's ``actions:`` list): ``allocate``;
-        ``preempt`` while preemption is enabled; ``backfill`` when listed; ``grow`` when
+        ``preempt`` while preemption is enabled; ``backfill`` when listed; ``migrate``
+        with preemption and the throughput plugin (unless its ``migrate`` is off); ``grow`` when
         ``elastic`` is listed with ``grow``."""
         elastic = self.elastic_args()
         return ("allocate", *(("preempt",) if self.preemption.enabled else ()),
                 *(("backfill",) if self.backfill_args() is not None else ()),
+                *(("migrate",) if self.preemption.enabled and self._migrates() else ()),
                 *(("grow",) if elastic is not None and elastic.grow else ()))
 
     def backfill_args(self) -> BackfillArgs | None:
@@ -206,6 +211,10 @@ class SchedulerConfig(BaseModel):
         """Elastic resizing's settings; None: elastic jobs neither grow nor shrink."""
         args = self._action_args("elastic")
         return args if isinstance(args, ElasticArgs) else None
+
+    def _migrates(self) -> bool:
+        """The throughput plugin is on and moves jobs to faster GPUs (its ``migrate``)."""
+        return any(p.name == "throughput" and p.args.get("migrate", True) for p in self.plugins)
 
     def _action_args(self, name: str) -> BaseModel | None:
         spec = next((p for p in self.plugins if p.name == name), None)

@@ -39,6 +39,7 @@ class PreemptReason(StrEnum):
     LAS = "las"  # Tiresias: the victim attained more service than the preemptor
     SRTF = "srtf"  # the preemptor has less remaining time than the victim
     SHRINK = "shrink"  # an elastic job gives back replicas above its minimum
+    FASTER_GPU = "faster_gpu"  # the job itself moves to faster GPUs left free (the migrate action)
 
 
 class ResizeReason(StrEnum):
@@ -211,6 +212,9 @@ class JobRequest:
     checkpoint_grace_s: float = 30.0  # time the victim gets to checkpoint before it stops
     min_runtime_s: float = 0.0  # no preemption before it has run this long
     gpu_models: tuple[str, ...] = ()  # allowed GPU models; empty = any
+    # the job's speed per GPU model, relative to the model its runtime estimate is for
+    # (1.0); a model it lacks runs it at its lowest given speed. Empty: blind to models
+    gpu_speeds: tuple[tuple[str, float], ...] = ()
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[str, ...] = ()  # taint keys or full taints this job tolerates
     affinity: tuple[AffinityRule, ...] = ()

@@ -79,7 +79,7 @@ class Placer:
         job = info.job
         uses_gpu = bool(task.gpu or task.shared or task.mig)
         key = (tuple(sorted(job.node_selector.items())), job.tolerations,
-               job.gpu_models if uses_gpu else (), uses_gpu)
+               job.gpu_models if uses_gpu else (), uses_gpu, job.gpu_speeds if uses_gpu else ())
         m = self._static.get(key)
         if m is None:
             m = self.table.schedulable.copy()

@@ -239,7 +239,7 @@ class SnapshotCache:
         shape = (
             tuple((*t.shape, t.replicas, t.role) for t in tasks),
             info.min_members, job.gpu_models, tuple(sorted(job.node_selector.items())),
-            job.tolerations, job.affinity)
+            job.tolerations, job.affinity, job.gpu_speeds)
         info.shape = (self._shapes.setdefault(shape, len(self._shapes)),)
         info.static_priority = self._static_priority(job)
         pkey = (info.shape[0], info.static_priority, job.tenant)

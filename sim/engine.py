@@ -6,7 +6,10 @@ Fixed rules (stated in every result, ``SimSettings.rules()``):
 - a preempted job keeps the work up to its last checkpoint (every ``checkpoint_s`` of
   progress) and pays ``restore_s`` when it starts again; its victim stops after the
   job's checkpoint grace period (the core's ``Preemption.grace_period_s``);
-- gangs run at full speed wherever placed (no topology slowdown model);
+- gangs run at full speed wherever placed (no topology slowdown model); on a mixed
+  cluster a job whose trace gives speeds per GPU model runs at the speed of the slowest
+  GPU it holds (a gang waits for its slowest member), and only on models it has a speed
+  for; ``speeds="given"`` also tells the core those speeds (``JobRequest.gpu_speeds``);
 - scheduling cycles run when something changed, at most one per ``cycle_s`` of
   simulated time (the core takes the whole pending set each cycle);
 - what each policy knows: ``estimates="oracle"`` gives the true duration (SJF bound),
@@ -43,6 +46,7 @@ from scheduling.estimates import DurationHistory
 from sim.traces import TraceJob
 
 Estimates = Literal["none", "oracle", "history"]
+SpeedKnowledge = Literal["none", "given"]
 _ALLOCS, _RUNNING, _REQUEST = attrgetter("allocs"), attrgetter("running"), attrgetter("request")
 _FINISH, _STOP, _FAIL, _RECOVER, _ARRIVE, _TICK = 0, 1, 2, 3, 4, 5  # order of events at the same time
 
@@ -63,6 +67,9 @@ class SimSettings:
     mem_per_gpu_mib: int = 32_768
     max_time_s: float = float("inf")  # stop the clock here (jobs left are reported unfinished)
     skip_idle_cycles: bool = False  # non-preemptive policies: no cycle while no waiting job fits in the free GPUs
+    # mixed clusters: "given" tells the core each job's speed per GPU model (a user's
+    # hint or a profile, as Gavel assumes); "none": the core places blind to models
+    speeds: SpeedKnowledge = "none"
 
     def rules(self) -> dict[str, object]:
         return {"checkpoint_every_s": self.checkpoint_s, "restore_s": self.restore_s,
@@ -70,7 +77,7 @@ class SimSettings:
                 "topology_slowdown": "off (gangs run at full speed wherever placed)",
                 "cycle_s": self.cycle_s, "tick_s": self.tick_s, "estimates": self.estimates,
                 "estimates_renewed": "at each start and stop" if self.renew else "never",
-                "node_failures": len(self.node_failures)}
+                "node_failures": len(self.node_failures), "speeds_known": self.speeds}
 
 
 @dataclass(slots=True)
@@ -91,6 +98,8 @@ class JobRun:
     epoch: int = 0  # invalidates stale finish events
     queued_at: float = 0.0  # when it last (re)joined the queue
     requeue_wait_s: float = 0.0  # waits after preemptions (the first wait is first_start - submit)
+    rate: float = 1.0  # work per second of the current attempt (its slowest GPU's speed)
+    gpu_s_by_model: dict[str, float] = field(default_factory=dict)  # GPU-seconds held, per model (mixed clusters)
 
     @property
     def gpus(self) -> int:
@@ -113,8 +122,12 @@ def to_request(t: TraceJob, s: SimSettings, estimate: float | None,
     replicas = -(-t.num_gpus // per)
     task = TaskRequest("w", "worker", replicas, gpu=per, cpu_milli=per * s.cpu_per_gpu_milli,
                        memory_mib=per * s.mem_per_gpu_mib)
+    # the models a job can run on are a constraint every policy keeps (as a CUDA
+    # capability is); its speeds on them are what only an aware policy is told
+    models = tuple(m for m, v in t.speeds if v > 0)
     return JobRequest(t.job_id, (task,), tenant=t.tenant, queue=t.tenant, submit_time=t.submit_s,
-                      runtime_estimate_s=estimate, runtime_samples=samples)
+                      runtime_estimate_s=estimate, runtime_samples=samples, gpu_models=models,
+                      gpu_speeds=t.speeds if s.speeds == "given" else ())
 
 
 class Simulation:
@@ -148,6 +161,7 @@ class Simulation:
         self.next_cycle = 0.0
         # running jobs' next checkpoints: (time, job, epoch); the core sees the last one
         self.checkpoints: list[tuple[float, str, int]] = []
+        self.gpu_model = {n.node_id: [g.model for g in n.gpus] for n in nodes}  # node -> model per GPU index
 
     # --- events ---------------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: object) -> None:
@@ -227,6 +241,7 @@ class Simulation:
                 return False  # stopped before it finished
             del self.runs[job_id]
             self.used -= jr.gpus
+            self._held(jr, t)
             jr.finish, jr.remaining_s, jr.allocs, jr.running = t, 0.0, (), None
             self.done.append(jr)
             self.history.learn(jr.trace.tenant, jr.trace.num_gpus, jr.trace.duration_s)
@@ -270,9 +285,10 @@ class Simulation:
         """The job stops: it keeps the work up to its last checkpoint and queues again."""
         progress = max(0.0, t - jr.start - jr.restore)
         kept = (progress // self.s.checkpoint_s) * self.s.checkpoint_s if self.s.checkpoint_s > 0 else 0.0
-        kept = min(kept, jr.remaining_s)
+        kept = min(kept, jr.remaining_s / jr.rate)  # seconds of this attempt its checkpoint keeps
         jr.lost_work_s += (progress - kept) * jr.gpus
-        jr.remaining_s -= kept
+        jr.remaining_s -= kept * jr.rate
+        self._held(jr, t)
         jr.preemptions += 1
         jr.epoch += 1
         attained = jr.request.attained_service_s + progress * jr.gpus
@@ -344,4 +360,26 @@ class Simulation:
             self.runs[job_id] = jr
             if self.s.checkpoint_s > 0:
                 heapq.heappush(self.checkpoints, (now + jr.restore + self.s.checkpoint_s, job_id, jr.epoch))
-            self._push(now + jr.restore + jr.remaining_s, _FINISH, (job_id, jr.epoch))
+            jr.rate = self._rate(jr) if jr.trace.speeds else 1.0
+            self._push(now + jr.restore + jr.remaining_s / jr.rate, _FINISH, (job_id, jr.epoch))
+
+    # --- mixed clusters ----------------------------------------------------------------
+    def _models(self, jr: JobRun) -> list[str]:
+        """The GPU model of every GPU the job holds."""
+        return [self.gpu_model[a.node_id][u.index] for a in jr.allocs for u in a.gpus]
+
+    def _rate(self, jr: JobRun) -> float:
+        """The job's speed on what it holds: its slowest GPU's (a gang steps together)."""
+        speeds = dict(jr.trace.speeds)
+        rate = min(speeds.get(m, 0.0) for m in self._models(jr))
+        if rate <= 0:
+            raise ValueError(f"{jr.trace.job_id} placed on a GPU model it cannot run on: {self._models(jr)}")
+        return rate
+
+    def _held(self, jr: JobRun, t: float) -> None:
+        """Count the GPU-seconds the attempt ending at ``t`` held, per model."""
+        if not jr.trace.speeds:
+            return
+        held = jr.gpu_s_by_model
+        for m in self._models(jr):
+            held[m] = held.get(m, 0.0) + (t - jr.start)

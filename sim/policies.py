@@ -13,8 +13,12 @@ from scheduling import SchedulerConfig
 from sim.engine import Estimates, SimSettings
 
 POLICIES = ("FIFO", "SJF-oracle", "Tiresias", "DRF", "Kairos")
-PRESET = {"FIFO": "fifo", "SJF-oracle": "sjf", "Tiresias": "tiresias", "DRF": "drf", "Kairos": "default"}
-ESTIMATES: dict[str, Estimates] = {"SJF-oracle": "oracle", "Kairos": "history"}
+# mixed clusters: Kairos told each job's speed per GPU model, beside the same core blind to it
+AWARE = "Kairos-aware"
+HETERO_POLICIES = ("FIFO", "Tiresias", "Kairos", AWARE)
+PRESET = {"FIFO": "fifo", "SJF-oracle": "sjf", "Tiresias": "tiresias", "DRF": "drf", "Kairos": "default",
+          AWARE: "default"}
+ESTIMATES: dict[str, Estimates] = {"SJF-oracle": "oracle", "Kairos": "history", AWARE: "history"}
 ALIASES = {"SJF": "SJF-oracle"}  # what the command line also takes
 
 
@@ -38,4 +42,5 @@ def policy_settings(policy: str, base: SimSettings) -> SimSettings:
     policy = ALIASES.get(policy, policy)
     np_ = policy in NON_PREEMPTIVE
     return replace(base, estimates=ESTIMATES.get(policy, "none"), skip_idle_cycles=np_,
-                   tick_s=base.tick_s if policy in TICKED else 0.0)
+                   tick_s=base.tick_s if policy in TICKED else 0.0,
+                   speeds="given" if policy == AWARE else "none")

@@ -128,13 +128,20 @@ def _rows(path: Path, required: tuple[str, ...]) -> Iterator[dict[str, str]]:
 # --- training jobs (Philly, Muri, synthetic) -------------------------------------------
 @dataclass(frozen=True, slots=True)
 class TraceJob:
-    """One training job of a trace: submit time and true duration in seconds."""
+    """One training job of a trace: submit time and true duration in seconds.
+
+    On a mixed cluster ``speeds`` holds the job's speed on each GPU model, relative to
+    the model ``duration_s`` is measured on (1.0); a model it lacks cannot run it.
+    Empty: every GPU runs it at full speed. ``kind`` names its job class (Gavel's job
+    type), what a scheduler may learn speeds by."""
 
     job_id: str
     submit_s: float
     duration_s: float
     num_gpus: int
     tenant: str = "default"
+    speeds: tuple[tuple[str, float], ...] = ()
+    kind: str = ""
 
 
 def load_philly(path: Path | str = PHILLY, limit: int | None = None,

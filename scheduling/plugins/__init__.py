@@ -9,6 +9,7 @@ from scheduling.plugins import (
     placement,
     predicates,
     srpt,
+    throughput,
 )
 
-__all__ = ["fairshare", "fgd", "gang", "kairos_pack", "ordering", "placement", "predicates", "srpt"]
+__all__ = ["fairshare", "fgd", "gang", "kairos_pack", "ordering", "placement", "predicates", "srpt", "throughput"]

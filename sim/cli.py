@@ -43,10 +43,14 @@ def openb(
 
 @app.command()
 def run(
-    trace: Annotated[str, typer.Argument(help="philly | muri-trace1 | muri-trace2 | synthetic | a CSV path")],
-    policy: Annotated[str, typer.Option(help=POLICY_HELP)] = "Kairos",
+    trace: Annotated[str, typer.Argument(help="philly | muri-trace1 | muri-trace2 | synthetic | gavel-<msr trace> "
+                                              "(e.g. gavel-0e4a51) | a CSV or Gavel .trace path")],
+    policy: Annotated[str, typer.Option(help=POLICY_HELP + "; on a mixed cluster also Kairos-aware")] = "Kairos",
     nodes: Annotated[int, typer.Option()] = 64,
-    gpus: Annotated[int, typer.Option(help="GPUs per node")] = 8,
+    gpus: Annotated[int | None, typer.Option(help="GPUs per node (default 8; 4 on a mixed cluster)")] = None,
+    cluster: Annotated[str | None, typer.Option(help="a mixed cluster, GPUs per model: v100:36,p100:36,k80:36 "
+                                                     "(nodes of one model each, in a seeded random order; "
+                                                     "replaces --nodes)")] = None,
     limit: Annotated[int | None, typer.Option(help="first N jobs")] = None,
     cycle_s: Annotated[float, typer.Option(help="at most one cycle per this many simulated s")] = 60.0,
     tick_s: Annotated[float, typer.Option(help="re-ranking cycles while jobs wait (Tiresias)")] = 600.0,
@@ -55,15 +59,28 @@ def run(
     out: Annotated[Path | None, typer.Option(help="write the JSON result here")] = None,
     time_unit: TimeUnitOpt = None,
 ) -> None:
-    """One policy over one trace on N x G GPUs; prints (and writes) the JSON result."""
+    """One policy over one trace on N x G GPUs, or a mixed cluster; prints (and writes)
+    the JSON result (on a mixed cluster with GPU-hours per model)."""
     from sim.engine import SimSettings
-    from sim.jct_experiment import run_policy
+    from sim.jct_experiment import run_mixed, run_policy
     from sim.metrics import summarize
 
     jobs = load_jobs(trace, limit, time_unit)
-    base = SimSettings(checkpoint_s=checkpoint_s, restore_s=restore_s, cycle_s=cycle_s, tick_s=tick_s)
-    res, wall = run_policy(jobs, nodes, gpus, policy, base)
-    m = summarize(res) | {"policy": policy, "trace": trace, "cluster": f"{nodes}x{gpus}", "wall_s": round(wall, 1)}
+    per_node = gpus or (4 if cluster else 8)
+    base = SimSettings(checkpoint_s=checkpoint_s, restore_s=restore_s, cycle_s=cycle_s, tick_s=tick_s,
+                       gpus_per_task=min(per_node, 8))
+    if cluster:
+        from sim.gavel import parse_cluster
+
+        try:
+            res, wall, extra = run_mixed(jobs, parse_cluster(cluster), per_node, policy, base)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--cluster") from e
+        shape = cluster
+    else:
+        res, wall = run_policy(jobs, nodes, per_node, policy, base)
+        shape, extra = f"{nodes}x{per_node}", {}
+    m = summarize(res) | extra | {"policy": policy, "trace": trace, "cluster": shape, "wall_s": round(wall, 1)}
     text = json.dumps(m, indent=2)
     if out:
         out.write_text(text + "\n")
@@ -129,6 +146,13 @@ def load_jobs(trace: str, limit: int | None, time_unit: TimeUnit | None = None):
     from sim.history_trace import is_history, load_history
     from sim.traces import TraceError, load_muri, load_philly, synthetic
 
+    if trace.startswith("gavel-") or trace.endswith(".trace"):
+        from sim.gavel import MSR, load_msr
+
+        try:
+            return load_msr(MSR / f"{trace[6:]}.trace" if trace.startswith("gavel-") else Path(trace), None, limit).jobs
+        except (TraceError, OSError) as e:
+            raise typer.BadParameter(str(e), param_hint="TRACE") from e
     if trace == "synthetic":
         if time_unit is not None:
             raise typer.BadParameter("the synthetic trace is generated in seconds; --time-unit is for CSV files",

@@ -30,6 +30,19 @@ def run_policy(jobs: Sequence[TraceJob], nodes: int, gpus: int, policy: str, bas
     return res, time.perf_counter() - t0
 
 
+def run_mixed(jobs: Sequence[TraceJob], gpus: dict[str, int], per_node: int, policy: str, base: SimSettings
+              ) -> tuple[SimResult, float, dict[str, Any]]:
+    """One policy on a mixed cluster (``sim.gavel.mixed_cluster``); the GPU-hours each
+    model gave beside the result."""
+    from sim.gavel import mixed_cluster
+    from sim.hetero_experiment import gpu_hours_by_model
+
+    t0 = time.perf_counter()
+    res = Simulation(mixed_cluster(gpus, per_node=per_node), jobs, policy_config(policy),
+                     policy_settings(policy, base)).run()
+    return res, time.perf_counter() - t0, {"gpu_hours_by_model": gpu_hours_by_model(res)}
+
+
 def _one(jobs: Sequence[TraceJob], n: int, g: int, policy: str, base: SimSettings
          ) -> tuple[dict[str, Any], SimResult]:
     res, wall = run_policy(jobs, n, g, policy, base)

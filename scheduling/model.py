@@ -215,6 +215,9 @@ class JobRequest:
     # the job's speed per GPU model, relative to the model its runtime estimate is for
     # (1.0); a model it lacks runs it at its lowest given speed. Empty: blind to models
     gpu_speeds: tuple[tuple[str, float], ...] = ()
+    # the user's order of preference of each of ``gpu_models`` (0: first choice; models of
+    # one family asked for together share a rank). Empty: no preference
+    gpu_model_ranks: tuple[int, ...] = ()
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[str, ...] = ()  # taint keys or full taints this job tolerates
     affinity: tuple[AffinityRule, ...] = ()

@@ -58,6 +58,8 @@ def job_request(spec: JobSpec, *, job_id: str, queue: str, tenant: str, user: st
         preemptible=spec.preemptible,
         attempt=attempt,
         gpu_models=spec.gpu_models if spec.total_gpus else (),
+        gpu_model_ranks=spec.gpu_model_ranks if spec.total_gpus else (),
+        gpu_speeds=spec.gpu_speeds if spec.total_gpus else (),
         node_selector=dict(spec.node_selector),
         tolerations=spec.core_tolerations,
     )

@@ -189,6 +189,14 @@ class JobSpec(_Spec):
         description=("the GPU models its GPUs may be: one (H100), or a list (H100, "
                      "A100-80GB); a family, a family with its memory, or a product name "
                      "as nodes report it (shared/gpu_models.py)"))] = None
+    throughput: Annotated[dict[Annotated[str, Field(max_length=128)], Annotated[float, Field(
+        gt=0, le=1e12, allow_inf_nan=False)]] | None, Field(max_length=16, description=(
+            "how fast it runs on each GPU model, in any unit (steps/s, samples/s): "
+            "{H100: 3.1, A100: 1.9, V100: 1}; the scheduler places it where it runs fastest, "
+            "keeps it off a model where it loses more than the jobs waiting with it would, "
+            "and moves it to a faster model left free when that pays for the restart. Its "
+            "runtimeEstimate is read as the time on the fastest model named; a model not "
+            "named counts as the slowest named"))] = None
     node_selector: Annotated[dict[LabelKey, LabelValue], Field(
         max_length=MAX_SELECTOR, description=(
             "node labels it must run on (every one), as Kubernetes' nodeSelector; nodes "
@@ -233,6 +241,15 @@ class JobSpec(_Spec):
             raise ValueError("give one to eight GPU models")
         if v is not None:
             expand_all([v] if isinstance(v, str) else v)  # a ValueError names what is wrong
+        return v
+
+    @field_validator("throughput")
+    @classmethod
+    def _throughput_models(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is not None:
+            if not v:
+                raise ValueError("name at least one GPU model, or leave throughput out")
+            expand_all(list(v))  # a ValueError names an unknown model
         return v
 
     @field_validator("api_version")
@@ -291,6 +308,30 @@ class JobSpec(_Spec):
             return ()
         return expand_all([self.gpu_model] if isinstance(self.gpu_model, str)
                           else self.gpu_model)
+
+    @property
+    def gpu_model_ranks(self) -> tuple[int, ...]:
+        """The preference rank of each of ``gpu_models`` (the position in ``gpuModel`` of
+        the name that matched it first); empty unless a list names several."""
+        if not isinstance(self.gpu_model, list) or len(self.gpu_model) < 2:
+            return ()
+        rank: dict[str, int] = {}
+        for k, name in enumerate(self.gpu_model):
+            for m in expand_all([name]):
+                rank.setdefault(m, k)
+        return tuple(rank[m] for m in self.gpu_models)
+
+    @property
+    def gpu_speeds(self) -> tuple[tuple[str, float], ...]:
+        """``throughput`` per model name, over the fastest named (1.0), sorted."""
+        if not self.throughput:
+            return ()
+        top = max(self.throughput.values())
+        out: dict[str, float] = {}
+        for name, v in self.throughput.items():
+            for m in expand_all([name]):
+                out.setdefault(m, v / top)
+        return tuple(sorted(out.items()))
 
     @property
     def core_tolerations(self) -> tuple[str, ...]:

@@ -6,7 +6,10 @@ runtime estimate is for) scores each node by the log of its speed there over its
 twice as slow costs ``weight`` points, more than the whole range of the packing scores,
 so speed comes first and packing chooses among equally fast nodes. A node whose GPUs
 are of several models counts its slowest (a gang steps together). Jobs without speeds
-are left alone: the plugin scores and masks nothing for them.
+are left alone: the plugin scores and masks nothing for them, but for a list of models
+in order of preference (``gpu_model_ranks``, from ``gpuModel: [H100, A100]``), where each
+step down the list scores as a halving of speed would: the first choice while it is free,
+then the next (no mask, no moves: a preference is not a measured speed).
 
 Competition (``node_mask``). While the jobs waiting ask for more whole GPUs than are
 free, a job does not start on a model where it runs slower, relative to its best, than
@@ -96,10 +99,15 @@ class Throughput(Plugin):
 
     def score(self, cycle: Cycle, p: Placing, cand: IntArray) -> FloatArray | None:
         job = p.info.job
-        if not job.gpu_speeds or not (p.task.gpu or p.task.shared or p.task.mig):
+        if not (job.gpu_speeds or job.gpu_model_ranks) or not (p.task.gpu or p.task.shared or p.task.mig):
             return None
         tbl = cycle.table
-        logs = np.log2(np.asarray(relative_speeds(job, tbl.models)))
+        if job.gpu_speeds:
+            logs = np.log2(np.asarray(relative_speeds(job, tbl.models)))
+        else:  # a preference: each step down the list as a halving of speed
+            rank = dict(zip(job.gpu_models, job.gpu_model_ranks, strict=False))
+            worst = max(job.gpu_model_ranks) + 1
+            logs = -np.asarray([float(rank.get(m, worst)) for m in tbl.models])
         # per node: its slowest present model (absent GPUs count as fastest)
         node = np.where(tbl.exists, logs[np.maximum(tbl.gmodel, 0)], math.inf).min(axis=1)
         out: FloatArray = np.where(np.isfinite(node), node, 0.0)[cand]
@@ -107,6 +115,6 @@ class Throughput(Plugin):
 
     def score_key(self, cycle: Cycle, p: Placing) -> Hashable | None:
         job = p.info.job
-        if not job.gpu_speeds or not (p.task.gpu or p.task.shared or p.task.mig):
+        if not (job.gpu_speeds or job.gpu_model_ranks) or not (p.task.gpu or p.task.shared or p.task.mig):
             return ()
-        return job.gpu_speeds
+        return job.gpu_speeds, job.gpu_models, job.gpu_model_ranks

@@ -127,7 +127,9 @@ class SchedulerState(Cluster):
                 continue
             victim.ask_stop(EndCause.PREEMPTED, pre.preemptor)
             out.dirty_jobs.add(victim.job_id)
-            self.bindings.stop(victim, out, f"preempted ({pre.reason.value}) for {pre.preemptor}",
+            why = ("stopped to move to a faster GPU model" if pre.preemptor == pre.job_id
+                   else f"preempted ({pre.reason.value}) for {pre.preemptor}")
+            self.bindings.stop(victim, out, why,
                                EndCause.PREEMPTED, grace_s=pre.grace_period_s)
         for rz in plan.resizes:
             self.resizes.apply(rz, out)

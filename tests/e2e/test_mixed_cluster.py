@@ -154,3 +154,52 @@ def test_the_dry_run_says_where_it_would_run_and_why_it_never_would(mixed: Stack
     nowhere = dry(job(nodeSelector={"zone": "z"}))
     assert nowhere["forecast"]["reason"] == "no_matching_node"
     assert "matches its nodeSelector" in nowhere["summary"], nowhere["summary"]
+
+
+def test_a_job_runs_where_it_is_fastest_or_on_its_first_choice(mixed: Stack) -> None:
+    """``throughput`` sends a job to its fastest model (whatever the node order), a list
+    of models to the first choice that is free; the dry run forecasts the same node."""
+    slow_on_hopper = {"H100": 1.0, "V100": 2.5}  # a job that, oddly, runs best on a V100
+    for _ in range(2):
+        assert ran_on(mixed, job(throughput={"H100": 3.0, "V100": 1.0})) == NODE_OF["hopper"]
+        assert ran_on(mixed, job(throughput=slow_on_hopper)) == NODE_OF["volta"]
+        assert ran_on(mixed, job(gpuModel=["V100", "H100"])) == NODE_OF["volta"]
+        assert ran_on(mixed, job(gpuModel=["H100", "V100"])) == NODE_OF["hopper"]
+    r = httpx.post(f"{mixed.url}/v1/jobs?dryRun=All", json=job(throughput=slow_on_hopper), timeout=30,
+                   headers={"Authorization": f"Bearer {mixed.token}"})
+    assert r.status_code == 200, r.text
+    forecast = r.json()["forecast"]
+    assert forecast is None or forecast["nodes"] == [NODE_OF["volta"]], forecast
+
+
+def test_a_bad_throughput_is_refused_at_submit(mixed: Stack) -> None:
+    r = submit(mixed, job(throughput={"H1000": 2.0}))
+    assert r.status_code == 422 and "unknown GPU model 'H1000'" in r.text, r.text
+    r = submit(mixed, job(throughput={"H100": 0}))
+    assert r.status_code == 422 and "greater than 0" in r.text, r.text
+    r = submit(mixed, job(throughput={}))
+    assert r.status_code == 422 and "at least one GPU model" in r.text, r.text
+
+
+def test_a_job_started_on_a_slow_model_moves_to_a_faster_one_once_it_is_free(mixed: Stack) -> None:
+    """The hopper node is full, so a long job 4x faster on an H100 starts on a V100; when
+    the hopper frees, the scheduler stops it and starts it again there: two attempts,
+    the second on the H100, never both at once."""
+    fillers = []
+    for _ in range(2):
+        r = submit(mixed, job(gpuModel="H100", duration=6))
+        assert r.status_code == 201, r.text
+        fillers.append(r.json()["id"])
+    wait_for(lambda: all(get(mixed, f)["state"] == "running" for f in fillers), 60, "the hopper full")
+    r = submit(mixed, job(throughput={"H100": 4.0, "V100": 1.0}, runtimeEstimate=3600, duration=20))
+    assert r.status_code == 201, r.text
+    mover = r.json()["id"]
+    done = wait_for(lambda: (j := get(mixed, mover))["state"] == "succeeded" and j, 180, "the mover succeeded")
+    reports = [h for h in done["history"] if h["task"]]
+    nodes_by_attempt: dict[int, set[str]] = {}
+    for h in reports:
+        nodes_by_attempt.setdefault(int(h.get("attempt") or 0), set()).add(h["node_id"])
+    assert NODE_OF["volta"] in set().union(*nodes_by_attempt.values()), done["history"]
+    last = max(nodes_by_attempt)
+    assert nodes_by_attempt[last] == {NODE_OF["hopper"]}, done["history"]
+    assert done.get("attempt", last) >= 2, done

@@ -136,3 +136,18 @@ def test_no_job_is_placed_on_a_model_it_cannot_run_on(specs, node_models) -> Non
     allowed = {j.job_id: set(j.gpu_models) for j in jobs}
     for b in plan.binds:
         assert model[b.node_id] in allowed[b.job_id]
+
+
+def test_a_list_of_models_is_an_order_of_preference() -> None:
+    nodes = (node("a", "K80"), node("b", "V100"), node("c", "P100"))
+    pref = JobRequest("pref", (TaskRequest("w", "worker", 1, gpu=1),), gpu_models=("P100", "V100"),
+                      gpu_model_ranks=(0, 1))
+    plan = Scheduler().schedule(Snapshot(0.0, nodes, (), (pref,)))
+    assert models_of(plan, nodes) == {"pref": "P100"}
+    flipped = JobRequest("pref", pref.tasks, gpu_models=("V100", "P100"), gpu_model_ranks=(0, 1))
+    plan = Scheduler().schedule(Snapshot(0.0, nodes, (), (flipped,)))
+    assert models_of(plan, nodes) == {"pref": "V100"}
+    busy = JobRequest("busy", (TaskRequest("w", "worker", 1, gpu=4),), preemptible=False)
+    a = Allocation("busy", "busy-w-0", "b", tuple(GpuUse(g) for g in range(4)), 0, 0, "w", "worker")
+    plan = Scheduler().schedule(Snapshot(0.0, nodes, (a,), (flipped,), (RunningJob(busy, 0.0, None),)))
+    assert models_of(plan, nodes) == {"pref": "P100"}  # the first choice is full: the next

@@ -1,0 +1,59 @@
+"""``throughput`` and ``gpuModel`` lists in the job spec, as the core receives them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from pydantic import ValidationError
+
+from shared.job_request import job_request
+from shared.jobspec import parse_job_spec
+
+
+def spec(**extra: object) -> dict[str, object]:
+    return {"name": "a", "tasks": [{"name": "w", "resources": {"gpu": 1}}], **extra}
+
+
+def request(**extra: object):  # type: ignore[no-untyped-def]
+    return job_request(parse_job_spec(spec(**extra)), job_id="j", queue="q", tenant="t", user="u",
+                       submitted_at=datetime(2026, 1, 1, tzinfo=UTC), attempt=1)
+
+
+def test_throughput_becomes_speeds_relative_to_the_fastest_named() -> None:
+    req = request(throughput={"H100": 3.0, "V100-32GB": 1.0})
+    speeds = dict(req.gpu_speeds)
+    assert speeds["H100-80GB"] == speeds["H100"] == 1.0  # a family names all its sizes
+    assert speeds["V100-32GB"] == pytest.approx(1 / 3) and "V100-16GB" not in speeds
+    assert request().gpu_speeds == ()
+
+
+def test_a_list_of_models_carries_its_order() -> None:
+    req = request(gpuModel=["A100-80GB", "H100"])
+    assert req.gpu_models[0] == "A100-80GB"
+    assert dict(zip(req.gpu_models, req.gpu_model_ranks, strict=True)) == {
+        "A100-80GB": 0, "H100-80GB": 1, "H100-94GB": 1, "H100-96GB": 1, "H100": 1}
+    assert request(gpuModel="H100").gpu_model_ranks == ()  # one choice: no order to keep
+
+
+def test_a_cpu_only_job_carries_neither() -> None:
+    s = spec(throughput={"H100": 2.0}, gpuModel=["H100", "V100"])
+    s["tasks"] = [{"name": "w", "resources": {"cpu": 1000}}]
+    req = job_request(parse_job_spec(s), job_id="j", queue="q", tenant="t", user="u",
+                      submitted_at=datetime(2026, 1, 1, tzinfo=UTC), attempt=1)
+    assert req.gpu_speeds == () and req.gpu_model_ranks == ()
+
+
+@pytest.mark.parametrize(("throughput", "error"), [
+    ({"H1000": 1.0}, "unknown GPU model 'H1000'"),
+    ({"A100-64GB": 1.0}, "no A100 has 64 GB"),
+    ({"H100": 0}, "greater than 0"),
+    ({"H100": -1}, "greater than 0"),
+    ({"H100": float("inf")}, "finite number"),
+    ({}, "at least one GPU model"),
+    ({f"m{k}": 1.0 for k in range(17)}, "at most 16"),
+    ({"H100": "fast"}, "valid number"),
+])
+def test_a_bad_throughput_is_refused_with_what_is_wrong(throughput: object, error: str) -> None:
+    with pytest.raises(ValidationError, match=error):
+        parse_job_spec(spec(throughput=throughput))

@@ -9,6 +9,7 @@ from datetime import datetime
 
 from scheduling import JobRequest, TaskRequest
 from shared.jobspec import JobSpec, TaskSpec
+from shared.task_affinity import core_rules
 
 
 def task_request(t: TaskSpec, target: int | None = None, cap: int | None = None) -> TaskRequest:
@@ -62,4 +63,6 @@ def job_request(spec: JobSpec, *, job_id: str, queue: str, tenant: str, user: st
         gpu_speeds=spec.gpu_speeds if spec.total_gpus else (),
         node_selector=dict(spec.node_selector),
         tolerations=spec.core_tolerations,
+        affinity=core_rules([(t.effective_role, t.affinity, t.anti_affinity) for t in spec.tasks],
+                            {t.name: t.effective_role for t in spec.tasks}),
     )

@@ -31,6 +31,7 @@ from pydantic.alias_generators import to_camel
 
 from shared.gpu_models import expand_all
 from shared.job_array import ArrayIndices, parse_array
+from shared.task_affinity import Rules, unknown_tasks
 from shared.node_constraints import (
     MAX_SELECTOR,
     MAX_TOLERATIONS,
@@ -106,6 +107,11 @@ class TaskSpec(_Spec):
                                      description="environment variables of each replica")
     resources: Resources = Field(default_factory=Resources,
                                  description="what each replica needs (the fields below)")
+    affinity: Rules = Field(default_factory=list, description=(
+        "run near the replicas of these tasks: [{task, topologyKey: node|rack, required}] "
+        "(shared/task_affinity.py)"))
+    anti_affinity: Rules = Field(default_factory=list, description=(
+        "run apart from the replicas of these tasks (itself: one replica per node or rack)"))
 
     @field_validator("name")
     @classmethod
@@ -271,6 +277,9 @@ class JobSpec(_Spec):
         names = [t.name for t in self.tasks]
         if len(set(names)) != len(names):
             raise ValueError("task names must be unique")
+        wrong = unknown_tasks({t.name: (t.affinity, t.anti_affinity) for t in self.tasks})
+        if wrong:
+            raise ValueError("; ".join(wrong))
         if self.min_available is not None and self.min_available > self.total_replicas:
             raise ValueError(
                 f"minAvailable ({self.min_available}) exceeds total replicas ({self.total_replicas})"

@@ -45,6 +45,8 @@ CONSTRAINED = {
     WaitReason.NO_MATCHING_NODE: "no node matches its nodeSelector and tolerates the "
                                  "node's taints (tolerations)",
     WaitReason.NEVER_FITS: "larger than any node it may use",
+    WaitReason.AFFINITY: "its required affinity or antiAffinity rules cannot all be kept "
+                         "(too few nodes or racks apart, or none near)",
 }
 NODES_NAMED = 6  # more are counted, not named
 

@@ -203,3 +203,29 @@ def test_a_job_started_on_a_slow_model_moves_to_a_faster_one_once_it_is_free(mix
     last = max(nodes_by_attempt)
     assert nodes_by_attempt[last] == {NODE_OF["hopper"]}, done["history"]
     assert done.get("attempt", last) >= 2, done
+
+
+def test_anti_affinity_spreads_replicas_and_an_impossible_rule_is_named(mixed: Stack) -> None:
+    spread = {"name": "spread", "duration": 0.5, "tasks": [
+        {"name": "w", "replicas": 2, "resources": {"gpu": 1},
+         "antiAffinity": [{"task": "w", "topologyKey": "kubernetes.io/hostname", "required": True}]}]}
+    for _ in range(2):
+        r = submit(mixed, spread)
+        assert r.status_code == 201, r.text
+        done = wait_for(lambda jid=r.json()["id"]: (j := get(mixed, jid))["state"] == "succeeded" and j,
+                        120, "spread succeeded")
+        nodes = {h["node_id"] for h in done["history"] if h["task"]}
+        assert nodes == {NODE_OF["hopper"], NODE_OF["volta"]}, done["history"]  # one per node
+    three = {**spread, "tasks": [{**spread["tasks"][0], "replicas": 3}]}  # two untainted nodes
+
+    def answer() -> dict[str, Any] | None:
+        r = httpx.post(f"{mixed.url}/v1/jobs?dryRun=All", json=three, timeout=30,
+                       headers={"Authorization": f"Bearer {mixed.token}"})
+        assert r.status_code == 200, r.text
+        body: dict[str, Any] = r.json()
+        return body if body["forecast"] is not None else None
+    dry = wait_for(answer, 60, "a forecast")
+    assert dry["forecast"]["start"] is None and dry["forecast"]["reason"] == "affinity", dry
+    assert "antiAffinity" in dry["summary"], dry["summary"]
+    r = submit(mixed, {**spread, "tasks": [{**spread["tasks"][0], "antiAffinity": [{"task": "ps"}]}]})
+    assert r.status_code == 422 and "names task 'ps'" in r.text, r.text

@@ -57,3 +57,25 @@ def test_a_cpu_only_job_carries_neither() -> None:
 def test_a_bad_throughput_is_refused_with_what_is_wrong(throughput: object, error: str) -> None:
     with pytest.raises(ValidationError, match=error):
         parse_job_spec(spec(throughput=throughput))
+
+
+def test_task_affinity_becomes_the_cores_rules_between_roles() -> None:
+    s = {"name": "a", "tasks": [
+        {"name": "ps", "role": "server"},
+        {"name": "worker", "replicas": 2, "resources": {"gpu": 1},
+         "affinity": [{"task": "ps", "topologyKey": "kairos.io/rack"}],
+         "antiAffinity": [{"task": "worker", "required": True}]}]}
+    req = job_request(parse_job_spec(s), job_id="j", queue="q", tenant="t", user="u",
+                      submitted_at=datetime(2026, 1, 1, tzinfo=UTC), attempt=1)
+    assert [(r.role, r.to_role, r.scope, r.anti, r.required) for r in req.affinity] == [
+        ("worker", "server", "rack", False, False), ("worker", "worker", "node", True, True)]
+
+
+@pytest.mark.parametrize(("rule", "error"), [
+    ({"task": "nope"}, "names task 'nope', which the job does not have"),
+    ({"task": "w", "topologyKey": "zone"}, "topologyKey must be one of"),
+    ({"task": "w", "weight": 3}, "Extra inputs are not permitted"),
+])
+def test_a_bad_affinity_rule_is_refused(rule: dict[str, object], error: str) -> None:
+    with pytest.raises(ValidationError, match=error):
+        parse_job_spec({"name": "a", "tasks": [{"name": "w", "antiAffinity": [rule]}]})

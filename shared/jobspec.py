@@ -31,7 +31,6 @@ from pydantic.alias_generators import to_camel
 
 from shared.gpu_models import expand_all
 from shared.job_array import ArrayIndices, parse_array
-from shared.task_affinity import Rules, unknown_tasks
 from shared.node_constraints import (
     MAX_SELECTOR,
     MAX_TOLERATIONS,
@@ -40,6 +39,7 @@ from shared.node_constraints import (
     Toleration,
     core_tolerations,
 )
+from shared.task_affinity import Rules, unknown_tasks
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 MAX_TASKS = 64

@@ -43,10 +43,11 @@ from scheduling import (
     TaskRequest,
 )
 from scheduling.estimates import DurationHistory
+from scheduling.speeds import SpeedHistory
 from sim.traces import TraceJob
 
 Estimates = Literal["none", "oracle", "history"]
-SpeedKnowledge = Literal["none", "given"]
+SpeedKnowledge = Literal["none", "given", "learned"]
 _ALLOCS, _RUNNING, _REQUEST = attrgetter("allocs"), attrgetter("running"), attrgetter("request")
 _FINISH, _STOP, _FAIL, _RECOVER, _ARRIVE, _TICK = 0, 1, 2, 3, 4, 5  # order of events at the same time
 
@@ -68,7 +69,9 @@ class SimSettings:
     max_time_s: float = float("inf")  # stop the clock here (jobs left are reported unfinished)
     skip_idle_cycles: bool = False  # non-preemptive policies: no cycle while no waiting job fits in the free GPUs
     # mixed clusters: "given" tells the core each job's speed per GPU model (a user's
-    # hint or a profile, as Gavel assumes); "none": the core places blind to models
+    # hint or a profile, as Gavel assumes); "learned": its class's speeds on the models
+    # where jobs of the class have started (scheduling.speeds: a running job reports its
+    # rate within minutes, against runs of hours); "none": the core places blind to models
     speeds: SpeedKnowledge = "none"
 
     def rules(self) -> dict[str, object]:
@@ -162,6 +165,7 @@ class Simulation:
         # running jobs' next checkpoints: (time, job, epoch); the core sees the last one
         self.checkpoints: list[tuple[float, str, int]] = []
         self.gpu_model = {n.node_id: [g.model for g in n.gpus] for n in nodes}  # node -> model per GPU index
+        self.speeds = SpeedHistory()  # what "learned" speeds know
 
     # --- events ---------------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: object) -> None:
@@ -311,8 +315,17 @@ class Simulation:
         self._checkpointed(now)
         allocs = tuple(chain.from_iterable(map(_ALLOCS, self.runs.values())))
         running = tuple(filter(None, map(_RUNNING, self.runs.values())))
+        if self.s.speeds == "learned":
+            self._learned()
         pending = tuple(map(_REQUEST, self.pending.values()))
         return Snapshot(now, self.nodes, allocs, pending, running)
+
+    def _learned(self) -> None:
+        """Waiting jobs carry what their class's speeds are now."""
+        for jr in self.pending.values():
+            sp = self.speeds.speeds((jr.trace.kind, jr.gpus))
+            if sp is not jr.request.gpu_speeds:
+                jr.request = replace(jr.request, gpu_speeds=sp)
 
     def _checkpointed(self, now: float) -> None:
         """Tell the core of the checkpoints running jobs passed (what a stop keeps)."""
@@ -361,6 +374,10 @@ class Simulation:
             if self.s.checkpoint_s > 0:
                 heapq.heappush(self.checkpoints, (now + jr.restore + self.s.checkpoint_s, job_id, jr.epoch))
             jr.rate = self._rate(jr) if jr.trace.speeds else 1.0
+            if self.s.speeds == "learned" and jr.trace.speeds:
+                models = set(self._models(jr))
+                if len(models) == 1:  # a rate measured on one model (a gang across models: its slowest)
+                    self.speeds.learn((jr.trace.kind, jr.gpus), models.pop(), jr.rate)
             self._push(now + jr.restore + jr.remaining_s / jr.rate, _FINISH, (job_id, jr.epoch))
 
     # --- mixed clusters ----------------------------------------------------------------

@@ -25,7 +25,7 @@ from typing import Any
 from sim.engine import SimResult, SimSettings, Simulation
 from sim.gavel import GAVEL_CLUSTER, MSR, Loaded, load_msr, mixed_cluster, poisson
 from sim.metrics import geomean, summarize
-from sim.policies import AWARE, HETERO_POLICIES, policy_config, policy_settings
+from sim.policies import AWARE, HETERO_POLICIES, LEARNED, policy_config, policy_settings
 
 RATES = (1.5, 3.0, 4.5, 6.0, 8.0)  # jobs per hour: light load to past saturation (about 5/h)
 SEEDS = (1, 2, 3)
@@ -97,7 +97,9 @@ def run(chosen: Sequence[Case], policies: Sequence[str] = HETERO_POLICIES, out: 
         "linear_throughput_jobs": {k: v for k, v in linear.items() if v},
         "rules": RULES.rules(), "queues_form": f"FIFO avg JCT > {QUEUES_FORM} x the best policy's",
         "speeds": f"{AWARE}: each job's measured speed per model (Gavel's table), as a user's hint or a "
-                  "profile would give it; the others: none (models they cannot run on are a constraint for all)",
+                  f"profile would give it; {LEARNED}: its class's (job type and GPUs) speeds on the models where "
+                  "jobs of the class have started (scheduling/speeds.py); the others: none (models they cannot "
+                  "run on are a constraint for all)",
     }
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -111,7 +113,7 @@ def queues_form(rows: dict[str, Any]) -> bool:
 
 
 def summary(doc: dict[str, Any]) -> dict[str, Any]:
-    over_tiresias, over_blind, misses = {}, {}, []
+    over_tiresias, over_blind, learned, misses = {}, {}, {}, []
     for case, rows in doc.items():
         if case in ("summary", "protocol") or not {"FIFO", "Tiresias", "Kairos", AWARE} <= rows.keys():
             continue
@@ -121,6 +123,8 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
         if not queues_form(rows):
             continue
         over_tiresias[case], over_blind[case] = round(r, 3), round(b, 3)
+        if LEARNED in rows:
+            learned[case] = round(rows[LEARNED]["avg_jct_s"] / rows["Tiresias"]["avg_jct_s"], 3)
         if r > 0.8:
             misses.append(f"{case}: {AWARE}/Tiresias {r:.3f} > 0.8")
         if b > 1.0:
@@ -135,6 +139,9 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
             "aware_over_tiresias": over_tiresias, "aware_over_tiresias_geomean": round(geo, 3) if geo else None,
             "aware_over_blind_kairos": over_blind,
             "aware_over_blind_geomean": round(geomean(list(over_blind.values())), 3) if over_blind else None,
+            # informational: the same policy learning each class's speeds from the jobs that ran
+            "learned_over_tiresias": learned,
+            "learned_over_tiresias_geomean": round(geomean(list(learned.values())), 3) if learned else None,
             "targets_missed": misses}
 
 
@@ -151,5 +158,6 @@ def print_table(doc: dict[str, Any]) -> None:
         print(f"{case:24}{cells}{tail}")
     s = doc["summary"]
     print(f"geomean {AWARE}/Tiresias where queues form ({s['cases_where_queues_form']} cases): "
-          f"{s['aware_over_tiresias_geomean']}; /Kairos blind: {s['aware_over_blind_geomean']}")
+          f"{s['aware_over_tiresias_geomean']}; /Kairos blind: {s['aware_over_blind_geomean']}; "
+          f"{LEARNED}/Tiresias: {s['learned_over_tiresias_geomean']}")
     print("targets missed:", "; ".join(s["targets_missed"]) or "none")

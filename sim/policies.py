@@ -15,10 +15,12 @@ from sim.engine import Estimates, SimSettings
 POLICIES = ("FIFO", "SJF-oracle", "Tiresias", "DRF", "Kairos")
 # mixed clusters: Kairos told each job's speed per GPU model, beside the same core blind to it
 AWARE = "Kairos-aware"
-HETERO_POLICIES = ("FIFO", "Tiresias", "Kairos", AWARE)
+LEARNED = "Kairos-learned"  # the same, with speeds learned from the jobs of each class that ran
+HETERO_POLICIES = ("FIFO", "Tiresias", "Kairos", AWARE, LEARNED)
 PRESET = {"FIFO": "fifo", "SJF-oracle": "sjf", "Tiresias": "tiresias", "DRF": "drf", "Kairos": "default",
-          AWARE: "default"}
-ESTIMATES: dict[str, Estimates] = {"SJF-oracle": "oracle", "Kairos": "history", AWARE: "history"}
+          AWARE: "default", LEARNED: "default"}
+ESTIMATES: dict[str, Estimates] = {"SJF-oracle": "oracle", "Kairos": "history", AWARE: "history",
+                                   LEARNED: "history"}
 ALIASES = {"SJF": "SJF-oracle"}  # what the command line also takes
 
 
@@ -43,4 +45,4 @@ def policy_settings(policy: str, base: SimSettings) -> SimSettings:
     np_ = policy in NON_PREEMPTIVE
     return replace(base, estimates=ESTIMATES.get(policy, "none"), skip_idle_cycles=np_,
                    tick_s=base.tick_s if policy in TICKED else 0.0,
-                   speeds="given" if policy == AWARE else "none")
+                   speeds="given" if policy == AWARE else "learned" if policy == LEARNED else "none")

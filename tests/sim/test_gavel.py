@@ -106,3 +106,36 @@ def test_the_benchmark_rows_and_summary() -> None:
     assert s["aware_over_tiresias"] == {"c": 0.85}
     assert any("0.850 > 0.8" in m for m in s["targets_missed"])
     assert any("max first wait" in m for m in s["targets_missed"])
+
+
+def test_speeds_are_learned_per_class_from_the_jobs_that_started() -> None:
+    from scheduling.speeds import SpeedHistory
+
+    h = SpeedHistory()
+    h.learn(("A3C", 1), "V100", 7.0)
+    assert h.speeds(("A3C", 1)) == ()  # one model measured: nothing to choose between yet
+    h.learn(("A3C", 1), "K80", 3.5)
+    got = h.speeds(("A3C", 1))
+    assert got == (("K80", 0.5), ("V100", 1.0)) and h.speeds(("A3C", 1)) is got  # kept while unchanged
+    h.learn(("A3C", 1), "P100", 0.0)  # no rate: nothing learned
+    assert h.speeds(("A3C", 1)) is got
+    assert h.speeds(("LM", 1)) == got  # a class not measured yet takes the typical class's
+    h.learn(("LM", 1), "V100", 4.0)
+    h.learn(("LM", 1), "K80", 1.0)
+    h.learn(("CNN", 1), "V100", 9.0)  # one model only: still the typical class's
+    assert h.speeds(("CNN", 1)) == (("K80", pytest.approx(0.375)), ("V100", 1.0))  # median of 0.5 and 0.25
+
+
+def test_a_learning_policy_ends_up_knowing_the_speeds_of_its_classes() -> None:
+    from sim.policies import LEARNED, policy_config, policy_settings
+
+    loaded = poisson(120, 3.0, 5)
+    sim = Simulation(mixed_cluster(GAVEL_CLUSTER, seed=5), loaded.jobs, policy_config(LEARNED),
+                     policy_settings(LEARNED, SimSettings(cycle_s=60.0, gpus_per_task=4)))
+    sim.run()
+    learned = [(j.kind, j.num_gpus) for j in loaded.jobs if sim.speeds.measured((j.kind, j.num_gpus))]
+    assert learned  # some classes ran on two models or more
+    kind = learned[0]
+    truth = dict(next(j.speeds for j in loaded.jobs if (j.kind, j.num_gpus) == kind))
+    for model, v in sim.speeds.measured(kind):
+        assert v == pytest.approx(truth[model] / max(truth[m] for m, _ in sim.speeds.measured(kind)))

@@ -34,7 +34,7 @@ NODE_OF = {"hopper": "hopper0-0", "volta": "volta0-0", "ampere": "ampere0-0"}
 @pytest.fixture(scope="module")
 def mixed() -> Iterator[Stack]:
     workdir = Path(tempfile.mkdtemp(prefix="kairos-mixed-"))
-    s = Stack(workdir=workdir, cluster=CLUSTER, admission_port=free_port(),
+    s = Stack(workdir=workdir, cluster=CLUSTER, admission_port=free_port(), supervise=True,
               env={"KAIROS_HEARTBEAT_S": "1", "KAIROS_TELEMETRY_S": "1",
                    "KAIROS_FORECAST_EVERY_S": "1"})
     try:
@@ -229,3 +229,42 @@ def test_anti_affinity_spreads_replicas_and_an_impossible_rule_is_named(mixed: S
     assert "antiAffinity" in dry["summary"], dry["summary"]
     r = submit(mixed, {**spread, "tasks": [{**spread["tasks"][0], "antiAffinity": [{"task": "ps"}]}]})
     assert r.status_code == 422 and "names task 'ps'" in r.text, r.text
+
+
+def test_a_move_survives_a_scheduler_killed_as_it_is_made(mixed: Stack) -> None:
+    """The scheduler is killed (SIGKILL, the supervisor restarts it) as the H100s free
+    and the move starts: the job still moves and succeeds once, its attempts never
+    overlap, and nothing is lost."""
+    import os
+    import signal
+    from datetime import datetime
+
+    fillers = []
+    for _ in range(2):
+        r = submit(mixed, job(gpuModel="H100", duration=6))
+        assert r.status_code == 201, r.text
+        fillers.append(r.json()["id"])
+    wait_for(lambda: all(get(mixed, f)["state"] == "running" for f in fillers), 60, "the hopper full")
+    r = submit(mixed, job(throughput={"H100": 4.0, "V100": 1.0}, runtimeEstimate=3600, duration=25))
+    assert r.status_code == 201, r.text
+    mover = r.json()["id"]
+    wait_for(lambda: get(mixed, mover)["state"] == "running", 60, "the mover running on the V100")
+    wait_for(lambda: all(get(mixed, f)["state"] == "succeeded" for f in fillers), 60, "the hopper free")
+    scheduler = mixed.proc("scheduler")
+    old = scheduler.popen.pid
+    os.kill(old, signal.SIGKILL)
+    wait_for(lambda: scheduler.popen.pid != old, 90, "the scheduler restarted")
+    done = wait_for(lambda: (j := get(mixed, mover))["state"] == "succeeded" and j, 180, "the mover succeeded")
+    tasks = [h for h in done["history"] if h["task"]]
+    by_attempt: dict[int, list[dict[str, Any]]] = {}
+    for h in tasks:
+        by_attempt.setdefault(int(h["attempt"]), []).append(h)
+    last = max(by_attempt)
+    assert last >= 2 and {h["node_id"] for h in by_attempt[last]} == {NODE_OF["hopper"]}, done["history"]
+    assert NODE_OF["volta"] in {h["node_id"] for h in by_attempt[min(by_attempt)]}, done["history"]
+    for a in sorted(by_attempt)[:-1]:  # each attempt ended before the next one started
+        ended = max(datetime.fromisoformat(h["occurred_at"]) for h in by_attempt[a])
+        began = min(datetime.fromisoformat(h["occurred_at"]) for h in by_attempt[a + 1]) \
+            if a + 1 in by_attempt else None
+        assert began is None or ended <= began, done["history"]
+    assert sum(h["state"] == "succeeded" for h in tasks) == 1, done["history"]

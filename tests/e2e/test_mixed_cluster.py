@@ -181,19 +181,25 @@ def test_a_bad_throughput_is_refused_at_submit(mixed: Stack) -> None:
     assert r.status_code == 422 and "at least one GPU model" in r.text, r.text
 
 
+def start_mover_on_volta(stack: Stack, duration: float) -> tuple[list[str], str]:
+    """Fill the hopper node with two short H100 jobs, then submit a long job 4x faster on
+    an H100, which can only start on the V100s: (the fillers, the mover)."""
+    fillers = []
+    for _ in range(2):
+        r = submit(stack, job(gpuModel="H100", duration=6))
+        assert r.status_code == 201, r.text
+        fillers.append(r.json()["id"])
+    wait_for(lambda: all(get(stack, f)["state"] == "running" for f in fillers), 60, "the hopper full")
+    r = submit(stack, job(throughput={"H100": 4.0, "V100": 1.0}, runtimeEstimate=3600, duration=duration))
+    assert r.status_code == 201, r.text
+    return fillers, str(r.json()["id"])
+
+
 def test_a_job_started_on_a_slow_model_moves_to_a_faster_one_once_it_is_free(mixed: Stack) -> None:
     """The hopper node is full, so a long job 4x faster on an H100 starts on a V100; when
     the hopper frees, the scheduler stops it and starts it again there: two attempts,
     the second on the H100, never both at once."""
-    fillers = []
-    for _ in range(2):
-        r = submit(mixed, job(gpuModel="H100", duration=6))
-        assert r.status_code == 201, r.text
-        fillers.append(r.json()["id"])
-    wait_for(lambda: all(get(mixed, f)["state"] == "running" for f in fillers), 60, "the hopper full")
-    r = submit(mixed, job(throughput={"H100": 4.0, "V100": 1.0}, runtimeEstimate=3600, duration=20))
-    assert r.status_code == 201, r.text
-    mover = r.json()["id"]
+    _, mover = start_mover_on_volta(mixed, duration=20)
     done = wait_for(lambda: (j := get(mixed, mover))["state"] == "succeeded" and j, 180, "the mover succeeded")
     reports = [h for h in done["history"] if h["task"]]
     nodes_by_attempt: dict[int, set[str]] = {}
@@ -239,15 +245,7 @@ def test_a_move_survives_a_scheduler_killed_as_it_is_made(mixed: Stack) -> None:
     import signal
     from datetime import datetime
 
-    fillers = []
-    for _ in range(2):
-        r = submit(mixed, job(gpuModel="H100", duration=6))
-        assert r.status_code == 201, r.text
-        fillers.append(r.json()["id"])
-    wait_for(lambda: all(get(mixed, f)["state"] == "running" for f in fillers), 60, "the hopper full")
-    r = submit(mixed, job(throughput={"H100": 4.0, "V100": 1.0}, runtimeEstimate=3600, duration=25))
-    assert r.status_code == 201, r.text
-    mover = r.json()["id"]
+    fillers, mover = start_mover_on_volta(mixed, duration=25)
     wait_for(lambda: get(mixed, mover)["state"] == "running", 60, "the mover running on the V100")
     wait_for(lambda: all(get(mixed, f)["state"] == "succeeded" for f in fillers), 60, "the hopper free")
     scheduler = mixed.proc("scheduler")

@@ -29,7 +29,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from shared.gpu_models import expand_all
+from shared.gpu_models import expand, expand_all
 from shared.job_array import ArrayIndices, parse_array
 from shared.node_constraints import (
     MAX_SELECTOR,
@@ -326,7 +326,7 @@ class JobSpec(_Spec):
             return ()
         rank: dict[str, int] = {}
         for k, name in enumerate(self.gpu_model):
-            for m in expand_all([name]):
+            for m in expand(name):
                 rank.setdefault(m, k)
         return tuple(rank[m] for m in self.gpu_models)
 
@@ -338,7 +338,7 @@ class JobSpec(_Spec):
         top = max(self.throughput.values())
         out: dict[str, float] = {}
         for name, v in self.throughput.items():
-            for m in expand_all([name]):
+            for m in expand(name):
                 out.setdefault(m, v / top)
         return tuple(sorted(out.items()))
 

@@ -25,7 +25,9 @@ from pydantic.alias_generators import to_camel
 from scheduling import AffinityRule
 
 MAX_RULES = 8  # per task and kind
-TOPOLOGY_KEYS = {"node": "node", "kubernetes.io/hostname": "node", "rack": "rack", "kairos.io/rack": "rack"}
+Scope = Literal["node", "rack"]
+TOPOLOGY_KEYS: dict[str, Scope] = {"node": "node", "kubernetes.io/hostname": "node", "rack": "rack",
+                                   "kairos.io/rack": "rack"}
 
 
 class TaskAffinity(BaseModel):
@@ -44,8 +46,8 @@ class TaskAffinity(BaseModel):
         return v
 
     @property
-    def scope(self) -> Literal["node", "rack"]:
-        return "rack" if TOPOLOGY_KEYS[self.topology_key] == "rack" else "node"
+    def scope(self) -> Scope:
+        return TOPOLOGY_KEYS[self.topology_key]
 
 
 Rules = Annotated[list[TaskAffinity], Field(max_length=MAX_RULES)]

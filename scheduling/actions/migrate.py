@@ -41,10 +41,8 @@ class Migrate(Action):
         cycle = s.cycle
         if not any(r.job.gpu_speeds for r in cycle.running):
             return
-        tbl, st = cycle.table, cycle.state
-        whole = (tbl.share_ok & tbl.schedulable[:, None] & (st.gcmp_free >= 100)
-                 & (st.gmem_free >= tbl.gmem_total))
-        idle = whole.sum(axis=1)
+        tbl = cycle.table
+        idle: IntArray = np.where(tbl.schedulable, cycle.state.idle, 0)  # whole GPUs free, per node
         if not idle.any():
             return
         # a node's model: the one model of its GPUs (nodes mixing models are left out)
@@ -54,12 +52,10 @@ class Migrate(Action):
         # GPUs a waiting job may run on go to it, not to a move: only models no job
         # waiting for room may use are free to move to
         waiting = [i.job for i in s.infos if s.plan.pending.get(i.job.job_id) in CAPACITY]
-        for job in waiting:
-            if not job.gpu_models:
-                return
-            for m in job.gpu_models:
-                if m in tbl.models:
-                    node_model = np.where(node_model == tbl.models.index(m), -1, node_model)
+        if any(not job.gpu_models for job in waiting):
+            return
+        taken = {tbl.models.index(m) for job in waiting for m in job.gpu_models if m in tbl.models}
+        node_model[np.isin(node_model, list(taken))] = -1
         if (node_model < 0).all():
             return
         runs = cycle.runs()
@@ -76,9 +72,10 @@ class Migrate(Action):
         allocs = cycle.snapshot.allocations
         for _gain, _, k, model in sorted(moves, key=lambda m: (-m[0], m[1])):
             ri = cycle.running[k]
-            if not _fits(ri, node_model == model, idle):
+            after = _after_move(ri, node_model == model, idle)
+            if after is None:
                 continue  # an earlier move took the room
-            _take(ri, node_model == model, idle)
+            idle = after
             s.plan.preemptions.append(Preemption(
                 ri.job.job_id, PreemptReason.FASTER_GPU, ri.job.job_id, ri.job.checkpoint_grace_s,
                 tuple(allocs[a].task_id for a in ri.allocs), tuple(sorted({allocs[a].node_id for a in ri.allocs}))))
@@ -89,9 +86,9 @@ class Migrate(Action):
         cycle = s.cycle
         tbl, runs, job = cycle.table, cycle.runs(), ri.job
         speed = relative_speeds(job, tbl.models)
-        cols = cycle.snapshot.allocations
-        held = [int(tbl.gmodel[tbl.index[cols[a].node_id], tbl.col_of[tbl.index[cols[a].node_id]][u.index]])
-                for a in ri.allocs for u in cols[a].gpus if cols[a].node_id in tbl.index]
+        allocs = cycle.snapshot.allocations
+        held = [int(m) for a in ri.allocs if (part := tbl.parts(allocs[a])) is not None
+                for m in tbl.gmodel[part[0], part[3]]]
         if not held:
             return None
         now_speed = min(speed[m] for m in held)
@@ -109,36 +106,25 @@ class Migrate(Action):
                 continue
             gain = left / now_speed - left / v
             cost = job.checkpoint_grace_s + RESTART_S + since * now_speed / v
-            if gain >= PAYBACK * cost and _fits(ri, node_model == m, idle) and (best is None or gain > best[0]):
+            if (gain >= PAYBACK * cost and _after_move(ri, node_model == m, idle) is not None
+                    and (best is None or gain > best[0])):
                 best = (gain, job.job_id, k, m)
         return best
 
 
-def _fits(ri: RunningInfo, nodes: np.ndarray, idle: IntArray) -> bool:
-    """Room for every replica of the job on the given nodes' idle GPUs (counted per node)."""
-    room = idle[nodes].copy()
+def _after_move(ri: RunningInfo, nodes: np.ndarray, idle: IntArray) -> IntArray | None:
+    """The idle GPUs per node once every replica of the job has taken room on the given
+    nodes, fullest first as the packing would; None: there is not room for them all."""
+    room = idle.copy()
+    where = np.flatnonzero(nodes)
     for t in ri.job.tasks:
-        slots = int((room // t.gpu).sum())
-        if slots < t.replicas:
-            return False
-        # take greedily from the fullest nodes, as the packing would
         left = t.replicas
-        for i in np.argsort(-room).tolist():
+        for i in where[np.argsort(-room[where])].tolist():
             n = min(left, int(room[i] // t.gpu))
             room[i] -= n * t.gpu
             left -= n
             if not left:
                 break
-    return True
-
-
-def _take(ri: RunningInfo, nodes: np.ndarray, idle: IntArray) -> None:
-    where = np.flatnonzero(nodes)
-    for t in ri.job.tasks:
-        left = t.replicas
-        for i in where[np.argsort(-idle[where])].tolist():
-            n = min(left, int(idle[i] // t.gpu))
-            idle[i] -= n * t.gpu
-            left -= n
-            if not left:
-                break
+        if left:
+            return None
+    return room

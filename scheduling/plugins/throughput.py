@@ -76,10 +76,9 @@ class Throughput(Plugin):
         got = cycle.get(SpeedBar)
         if got is not None:
             return got.bar
-        tbl, st = cycle.table, cycle.state
+        tbl = cycle.table
         jobs = [j for j in cycle.snapshot.pending if j.gpu_speeds]
-        whole = tbl.share_ok & tbl.schedulable[:, None] & (st.gcmp_free >= 100) & (st.gmem_free >= tbl.gmem_total)
-        if not jobs or sum(map(_gpus, jobs)) <= int(whole.sum()):
+        if not jobs or sum(map(_gpus, jobs)) <= int(cycle.state.idle[tbl.schedulable].sum()):
             return cycle.put(SpeedBar(None)).bar
         speeds = np.asarray([relative_speeds(j, tbl.models) for j in jobs])
         return cycle.put(SpeedBar(np.median(speeds, axis=0))).bar

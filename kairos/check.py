@@ -14,7 +14,8 @@ invariant with what proves it:
   GPU only once its task runs);
 - ``stale_epoch``: a task started from a binding of a lower epoch than a fence its node
   had already received;
-- ``quota_exceeded``: a queue that borrowed beyond its borrowing limit.
+- ``quota_exceeded``: a queue that borrowed beyond its borrowing limit (in all, or of a
+  GPU model its quota names).
 
 The checking is a pure function over a ``History`` (``check``); a chaos run records the
 history live with ``History.add`` (a broker restarted empty loses what it held) and the
@@ -235,18 +236,26 @@ def _capacity(events: list[tuple[datetime, Any]], report: Report) -> None:
 
 def _quota(events: list[tuple[datetime, Any]], report: Report) -> None:
     limits: dict[str, dict[str, float]] = {}
+    model_caps: dict[str, dict[str, float]] = {}  # queue -> model -> guaranteed + borrowing
     reported: set[str] = set()
     for _, ev in events:
         if isinstance(ev, QueueChanged) and ev.settings:
             limits[ev.queue] = {k: float(v) for k, v in (
                 ev.settings.get("borrowing_limit") or {}).items() if v is not None}
+            model_caps[ev.queue] = {
+                m["model"]: float(m["guaranteed"]) + float(m["borrowing_limit"])
+                for m in ev.settings.get("gpu_models") or ()
+                if m.get("guaranteed") is not None and m.get("borrowing_limit") is not None}
         elif isinstance(ev, QueueStatus) and ev.queue not in reported:
-            for r, limit in limits.get(ev.queue, {}).items():
-                if float(ev.borrowed.get(r) or 0.0) > limit + EPS:
-                    reported.add(ev.queue)
-                    report.violations.append(Violation(
-                        "quota_exceeded", ev.queue,
-                        f"borrowed {ev.borrowed.get(r)} {r}, limit {limit}"))
+            over = [f"borrowed {ev.borrowed.get(r)} {r}, limit {limit}"
+                    for r, limit in limits.get(ev.queue, {}).items()
+                    if float(ev.borrowed.get(r) or 0.0) > limit + EPS]
+            over += [f"holds {ev.used_by_model.get(m)} {m} GPUs, at most {cap}"
+                     for m, cap in model_caps.get(ev.queue, {}).items()
+                     if float(ev.used_by_model.get(m) or 0.0) > cap + EPS]
+            if over:
+                reported.add(ev.queue)
+                report.violations.append(Violation("quota_exceeded", ev.queue, over[0]))
 
 
 async def read_topics(bootstrap: str, history: History | None = None,

@@ -24,6 +24,14 @@ def _gpus(amount: dict[str, Any] | None) -> str:
     return _num((amount or {}).get("gpus"))
 
 
+def _by_model(q: dict[str, Any]) -> str:
+    """GPUs used/guaranteed of each model its quota names: ``H100 3/4, A100 0/8``."""
+    used = q.get("used_by_model") or {}
+    named = [(m["model"], m.get("guaranteed")) for m in q.get("gpu_models") or ()]
+    named += [(k, None) for k in used if k not in {n for n, _ in named}]
+    return ", ".join(f"{k} {used.get(k, 0):g}/{_num(g)}" for k, g in named) or "-"
+
+
 def _name(q: dict[str, Any]) -> str:
     return str(q["name"]) + (" (cohort)" if q["kind"] == "cohort" else "")
 
@@ -35,6 +43,7 @@ QUEUE_COLUMNS = (
     Col("state", field("state")),
     Col("GPUs used/quota", lambda q: f"{q['used']['gpus']:g}/{_gpus(q['guaranteed'])}"),
     Col("borrowed", lambda q: f"{q['borrowed']['gpus']:g}"),
+    Col("by model", _by_model),
     Col("borrow max", lambda q: _gpus(q["borrowing_limit"]), wide=True),
     Col("lend max", lambda q: _gpus(q["lending_limit"]), wide=True),
     Col("weight", lambda q: f"{q['weight']:g}", wide=True),
@@ -57,6 +66,30 @@ def _amount(gpus: float | None, cpu: int | None, memory: int | None) -> dict[str
     out = {k: v for k, v in (("gpus", gpus), ("cpu_milli", cpu), ("memory_mib", memory))
            if v is not None}
     return out or None
+
+
+def _models(given: list[str] | None, current: list[dict[str, Any]] | None = None
+            ) -> list[dict[str, Any]] | None:
+    """``--model H100=8`` as ``gpu_models`` entries: a model already named keeps its place
+    and its limits, with the new guarantee; a new one goes last."""
+    if not given:
+        return None
+    out = [dict(m) for m in current or ()]
+    for item in given:
+        model, sep, gpus = item.partition("=")
+        try:
+            value = float(gpus)
+        except ValueError:
+            value = -1.0
+        if not sep or not model.strip() or value < 0:
+            err.print(f"[red]--model {item}[/]: give MODEL=GPUS, e.g. --model H100=8")
+            raise typer.Exit(2)
+        entry = next((m for m in out if m["model"].upper() == model.strip().upper()), None)
+        if entry is None:
+            out.append({"model": model.strip(), "guaranteed": value})
+        else:
+            entry["guaranteed"] = value
+    return out
 
 
 def _body(file: Path | None, fields: dict[str, Any]) -> dict[str, Any]:
@@ -88,6 +121,9 @@ BorrowOpt = Annotated[float | None, typer.Option("--borrow-gpus",
 LendOpt = Annotated[float | None, typer.Option("--lend-gpus", help="lending limit, GPUs")]
 ParentOpt = Annotated[str | None, typer.Option("--parent", help="its cohort or parent queue")]
 WeightOpt = Annotated[float | None, typer.Option("--weight", help="fair-share weight")]
+ModelOpt = Annotated[list[str] | None, typer.Option(
+    "--model", help="guaranteed GPUs of one model, MODEL=GPUS (--model H100=8 --model "
+    "A100=16: its jobs try them in this order); limits per model with --file")]
 FileOpt = Annotated[Path | None, typer.Option("--file", "-f", exists=True, dir_okay=False,
                                               help="a YAML mapping of queue fields")]
 
@@ -101,11 +137,11 @@ def queue_create(
     parent: ParentOpt = None, gpus: GpusOpt = None, cpu: CpuOpt = None, memory: MemOpt = None,
     borrow_gpus: BorrowOpt = None, lend_gpus: LendOpt = None, weight: WeightOpt = None,
     strict: Annotated[bool, typer.Option(help="a waiting job holds back those after it")] = False,
-    file: FileOpt = None, url: UrlOpt = None, token: TokenOpt = None,
+    model: ModelOpt = None, file: FileOpt = None, url: UrlOpt = None, token: TokenOpt = None,
 ) -> None:
     """Create a queue or cohort (admin)."""
     body = _body(file, {"name": name, "tenant": tenant, "kind": kind, "parent": parent,
-                        "guaranteed": _amount(gpus, cpu, memory),
+                        "guaranteed": _amount(gpus, cpu, memory), "gpu_models": _models(model),
                         "borrowing_limit": _amount(borrow_gpus, None, None),
                         "lending_limit": _amount(lend_gpus, None, None), "weight": weight,
                         "strategy": "strict" if strict else None})
@@ -117,7 +153,8 @@ def queue_create(
 def queue_update(
     name: str, parent: ParentOpt = None, gpus: GpusOpt = None, cpu: CpuOpt = None,
     memory: MemOpt = None, borrow_gpus: BorrowOpt = None, lend_gpus: LendOpt = None,
-    weight: WeightOpt = None, file: FileOpt = None, url: UrlOpt = None, token: TokenOpt = None,
+    weight: WeightOpt = None, model: ModelOpt = None, file: FileOpt = None,
+    url: UrlOpt = None, token: TokenOpt = None,
 ) -> None:
     """Change a queue's quota, limits, weight or parent (admin); other fields stay."""
     with client(url, token) as c:
@@ -127,7 +164,8 @@ def queue_update(
             guaranteed = {**(current["guaranteed"] or {}), **(_amount(gpus, cpu, memory) or {})}
         body = _body(file, {"parent": parent, "guaranteed": guaranteed,
                             "borrowing_limit": _amount(borrow_gpus, None, None),
-                            "lending_limit": _amount(lend_gpus, None, None), "weight": weight})
+                            "lending_limit": _amount(lend_gpus, None, None), "weight": weight,
+                            "gpu_models": _models(model, current.get("gpu_models"))})
         if not body:
             err.print("[red]nothing to change[/]: pass --gpus, --borrow-gpus, ... or --file")
             raise typer.Exit(2)

@@ -4,7 +4,7 @@ disagree on what a job asks for."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from scheduling import JobRequest, TaskRequest
@@ -42,8 +42,12 @@ def task_requests(spec: JobSpec, targets: Mapping[str, int] | None = None,
 def job_request(spec: JobSpec, *, job_id: str, queue: str, tenant: str, user: str,
                 submitted_at: datetime, attempt: int,
                 targets: Mapping[str, int] | None = None,
-                caps: Mapping[str, int] | None = None) -> JobRequest:
-    """The whole job: its tasks, who submitted it where, and what the policy ranks by."""
+                caps: Mapping[str, int] | None = None,
+                admitted_models: Sequence[str] = ()) -> JobRequest:
+    """The whole job: its tasks, who submitted it where, and what the policy ranks by.
+    ``admitted_models``: the GPU models its queue's quota admitted it for (``JobReady``);
+    it may run on those only."""
+    models, ranks = _models(spec, admitted_models)
     return JobRequest(
         job_id=job_id,
         tasks=task_requests(spec, targets, caps),
@@ -58,11 +62,23 @@ def job_request(spec: JobSpec, *, job_id: str, queue: str, tenant: str, user: st
         dataset=spec.dataset or "",
         preemptible=spec.preemptible,
         attempt=attempt,
-        gpu_models=spec.gpu_models if spec.total_gpus else (),
-        gpu_model_ranks=spec.gpu_model_ranks if spec.total_gpus else (),
+        gpu_models=models if spec.total_gpus else (),
+        gpu_model_ranks=ranks if spec.total_gpus else (),
         gpu_speeds=spec.gpu_speeds if spec.total_gpus else (),
         node_selector=dict(spec.node_selector),
         tolerations=spec.core_tolerations,
         affinity=core_rules([(t.effective_role, t.affinity, t.anti_affinity) for t in spec.tasks],
                             {t.name: t.effective_role for t in spec.tasks}),
     )
+
+
+def _models(spec: JobSpec, admitted: Sequence[str]) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The GPU models a job may run on and their preference ranks: its spec's, narrowed
+    to those its quota admitted it for."""
+    models, ranks = spec.gpu_models, spec.gpu_model_ranks
+    if not admitted:
+        return models, ranks
+    rank = dict(zip(models, ranks, strict=True)) if ranks else {}
+    narrowed = tuple(admitted)
+    return narrowed, tuple(rank[m] for m in narrowed) if all(m in rank for m in narrowed) \
+        and rank else ()

@@ -311,12 +311,16 @@ class JobSpec(_Spec):
         return self.min_available or self.total_replicas
 
     @property
-    def gpu_models(self) -> tuple[str, ...]:
-        """Every GPU model name its ``gpuModel`` matches (empty: any)."""
+    def gpu_model_names(self) -> tuple[str, ...]:
+        """``gpuModel`` as written, in its order of preference (empty: any)."""
         if self.gpu_model is None:
             return ()
-        return expand_all([self.gpu_model] if isinstance(self.gpu_model, str)
-                          else self.gpu_model)
+        return (self.gpu_model,) if isinstance(self.gpu_model, str) else tuple(self.gpu_model)
+
+    @property
+    def gpu_models(self) -> tuple[str, ...]:
+        """Every GPU model name its ``gpuModel`` matches (empty: any)."""
+        return expand_all(list(self.gpu_model_names))
 
     @property
     def gpu_model_ranks(self) -> tuple[int, ...]:

@@ -13,7 +13,9 @@ from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from shared.gpu_models import expand
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 TENANT_PATTERN = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)?$"
@@ -40,6 +42,38 @@ class Amount(BaseModel):
 
 
 RESOURCES = ("gpus", "cpu_milli", "memory_mib")
+MAX_MODEL_QUOTAS = 16
+
+
+def model_key(name: str) -> str:
+    """The name a quota gives a GPU model: the family (``H100``: every size of it) or the
+    family with its memory (``A100-80GB``). Raises ValueError for an unknown model."""
+    names = expand(name)
+    return names[0] if len(names) == 1 else names[-1]
+
+
+class ModelQuota(BaseModel):
+    """A queue's GPUs of one model (Kueue's quota per ResourceFlavor): as ``guaranteed``,
+    ``borrowing_limit`` and ``lending_limit`` of the queue, counted in GPUs of this model
+    only; a missing number is not limited by this queue (a cohort's guaranteed: the sum
+    of its children's)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    model: str = Field(max_length=128, description="a GPU family (H100) or family with its "
+                       "memory (A100-80GB), as a job's gpuModel")
+    guaranteed: float | None = Field(None, ge=0, validation_alias=AliasChoices(
+        "guaranteed", "nominal"))
+    borrowing_limit: float | None = Field(None, ge=0)
+    lending_limit: float | None = Field(None, ge=0)
+
+    @field_validator("model")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        return model_key(v)  # a ValueError names what is wrong
+
+
+def _overlap(a: str, b: str) -> bool:
+    return bool(set(expand(a)) & set(expand(b)))
 
 
 class QueueSpec(BaseModel):
@@ -62,7 +96,23 @@ class QueueSpec(BaseModel):
     state: QueueState = QueueState.OPEN
     strategy: Literal["best_effort", "strict"] = Field(
         "best_effort", description="strict: a job that must wait holds back those after it")
+    gpu_models: tuple[ModelQuota, ...] | None = Field(
+        None, max_length=MAX_MODEL_QUOTAS, description="GPU quota per model, in the order "
+        "its jobs try them: a GPU job of a tree that names models is admitted against the "
+        "first of them (its own gpuModel first) whose quota has room, and runs on it")
     description: str = Field("", max_length=500)
+
+    @field_validator("gpu_models")
+    @classmethod
+    def _distinct_models(cls, v: tuple[ModelQuota, ...] | None) -> tuple[ModelQuota, ...] | None:
+        for i, a in enumerate(v or ()):
+            for b in (v or ())[:i]:
+                if _overlap(a.model, b.model):
+                    raise ValueError(f"{a.model} and {b.model} overlap: name each GPU model once")
+        return v
+
+    def model_quota(self, key: str) -> ModelQuota | None:
+        return next((m for m in self.gpu_models or () if m.model == key), None)
 
     def public(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=True)
@@ -109,12 +159,45 @@ def tree_errors(specs: Mapping[str, QueueSpec], where: Mapping[str, str]) -> lis
                                f"{q.parent!r}'s tenant {above!r}"))
         if q.borrowing_limit is not None and q.parent is None:
             errors.append((f"{at}.borrowing_limit", "needs a parent to borrow from"))
+        for k, m in enumerate(q.gpu_models or ()):
+            if m.borrowing_limit is not None and q.parent is None:
+                errors.append((f"{at}.gpu_models.{k}.borrowing_limit", "needs a parent to "
+                               "borrow from"))
+            if None not in (m.lending_limit, m.guaranteed) and m.lending_limit > m.guaranteed:  # type: ignore[operator]
+                errors.append((f"{at}.gpu_models.{k}.lending_limit", f"{m.lending_limit:g} "
+                               f"exceeds the guaranteed {m.guaranteed:g}"))
         if q.lending_limit is not None:
             g = q.guaranteed.values() if q.guaranteed else (None, None, None)
             for r, lend, nom in zip(RESOURCES, q.lending_limit.values(), g, strict=True):
                 if lend is not None and nom is not None and lend > nom:
                     errors.append((f"{at}.lending_limit.{r}", f"{lend:g} exceeds the "
                                    f"guaranteed {nom:g}"))
+    return errors + _model_overlaps(specs, where)
+
+
+def _top(specs: Mapping[str, QueueSpec], name: str) -> str:
+    seen = {name}
+    while (p := specs[name].parent) is not None and p in specs and p not in seen:
+        seen.add(p)
+        name = p
+    return name
+
+
+def _model_overlaps(specs: Mapping[str, QueueSpec], where: Mapping[str, str]
+                    ) -> list[tuple[str, str]]:
+    """One tree names each GPU model one way: ``H100`` in one queue and ``H100-80GB`` in
+    another would be two quotas of the same GPUs."""
+    first: dict[str, dict[str, str]] = {}  # top -> model key -> the queue naming it first
+    errors: list[tuple[str, str]] = []
+    for name in sorted(specs):
+        keys = first.setdefault(_top(specs, name), {})
+        for k, m in enumerate(specs[name].gpu_models or ()):
+            clash = next((o for o in keys if o != m.model and _overlap(o, m.model)), None)
+            if clash is not None:
+                errors.append((f"{where.get(name, name)}.gpu_models.{k}.model", (
+                    f"{m.model} overlaps {clash} of queue {keys[clash]} in the same tree: "
+                    "name each GPU model one way")))
+            keys.setdefault(m.model, name)
     return errors
 
 

@@ -43,6 +43,7 @@ class Reclaim:
     cohort: str  # the level whose pool is overdrawn
     member: str  # the requester's branch at that level (never a victim)
     need: Vec  # how much borrowed capacity must come back
+    model: str = ""  # the GPU model whose quota is short ("" = the totals)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,8 @@ everything a submit checks, then what would happen, and nothing stored or publis
 1. the same refusals as a real submit (``Intake.check``: array size, size and fit
    policy, the queue and its quota ceiling; and the event size limit), with the same
    status codes;
-2. the quota verdict now: ``QuotaState.check`` (queueing's own admission check) over
+2. the quota verdict now: ``Quotas.check`` (queueing's own admission check, with the
+   GPU model it would be admitted against) over
    the usage queueing last announced on ``queues.events``;
 3. the forecast: the forecaster service replays the live cluster with the job added
    (``forecaster.what_if``); when it is not configured, down, slow or without a
@@ -31,10 +32,11 @@ from shared.bus import check_size
 from shared.durations import in_words
 from shared.events import Envelope, JobSubmitted, utcnow
 from shared.events.reasons import WaitReason
+from shared.gpu_models import expand
 from shared.job_array import element_id, new_array_id
 from shared.jobspec import JobSpec
+from shared.model_quota import ModelTrees, Quotas
 from shared.queuespec import RESOURCES
-from shared.quota_state import QuotaState
 from shared.quota_tree import QueueTree, Vec, spec_demand
 
 NOW_S = 5.0  # a start this close is "now"
@@ -59,7 +61,7 @@ async def dry_run(intake: Intake, caller: Principal, spec: JobSpec) -> DryRunOut
     out = DryRunOut(name=spec.name, queue=spec.queue, tenant=caller.tenant, user=caller.user,
                     array_size=arr.size if arr else None, quota=quota, summary="")
     try:
-        out.forecast = await forecast(intake, caller, one)
+        out.forecast = await forecast(intake, caller, on_model(one, quota.gpu_model))
     except forecaster.ForecastUnavailable as exc:
         out.forecast_unavailable = str(exc)
     out.summary = summary(out, utcnow().timestamp())
@@ -110,17 +112,26 @@ async def quota_verdict(intake: Intake, spec: JobSpec) -> DryRunQuota:
     fresh = {r["name"]: r for r in await queues_view.list_queues(intake.engine, None)}
     status = {n: _status(fresh[n]) for n in tree.specs if n in fresh}
     used = {n: _vec(s.get("used")) for n, s in status.items()}
-    own: dict[str, Vec] = {}
-    for n, u in used.items():
-        kids = [used.get(k, (0.0, 0.0, 0.0)) for k in tree.children[n]]
-        v = [max(0.0, u[r] - sum(k[r] for k in kids)) for r in range(3)]
-        own[n] = (v[0], v[1], v[2])
-    decision = QuotaState(tree, own).check(spec.queue, ask)
+    models = intake.queues.derived.get("models")
+    if models is None or models.tree is not tree:
+        models = ModelTrees(tree)
+    by_model = {n: s.get("used_by_model") or {} for n, s in status.items()}
+    quotas = Quotas.of(models, [])
+    for n, own in _own(tree, used).items():
+        quotas.total.add(n, own)
+    for key, state in quotas.models.items():  # GPUs of each model, as (gpus, 0, 0)
+        held = {n: (float(m.get(key) or 0.0), 0.0, 0.0) for n, m in by_model.items()}
+        for n, own in _own(tree, held).items():
+            state.add(n, own)
+    verdict = quotas.check(spec.queue, ask, models.choices(spec.queue, ask[0],
+                                                           spec.gpu_model_names))
+    decision, model = verdict.decision, verdict.choice.key or None
     waiting = int(status.get(spec.queue, {}).get("pending") or 0)
     if decision.admitted:
         return DryRunQuota(admitted=True, borrowing=decision.borrowing, ask=amounts,
-                           waiting_ahead=waiting, detail=(
+                           gpu_model=model, waiting_ahead=waiting, detail=(
                                f"queue {spec.queue} has room for it now" + (
+                                   f" on its {model} quota" if model else "") + (
                                    ", above its guarantee: borrowed from its cohort, "
                                    "reclaimable" if decision.borrowing else "")))
     at = decision.at or spec.queue
@@ -128,6 +139,26 @@ async def quota_verdict(intake: Intake, spec: JobSpec) -> DryRunQuota:
                else f"quota of {tree.specs[at].kind} `{at}`")
     return DryRunQuota(admitted=False, blocked_by=blocker, detail=decision.detail,
                        ask=amounts, waiting_ahead=waiting)
+
+
+def on_model(spec: JobSpec, key: str | None) -> JobSpec:
+    """The job as the scheduler would get it once admitted against model ``key``'s quota:
+    its gpuModel narrowed to that model (the forecast then places it there only)."""
+    if not key:
+        return spec
+    inside = set(expand(key))
+    models = [m for m in spec.gpu_models if m in inside] or list(expand(key))
+    return spec.model_copy(update={"gpu_model": models})
+
+
+def _own(tree: QueueTree, used: dict[str, Vec]) -> dict[str, Vec]:
+    """Each queue's own usage from ``queue.status``'s, which counts its subtree."""
+    own: dict[str, Vec] = {}
+    for n, u in used.items():
+        kids = [used.get(k, (0.0, 0.0, 0.0)) for k in tree.children[n]]
+        v = [max(0.0, u[r] - sum(k[r] for k in kids)) for r in range(3)]
+        own[n] = (v[0], v[1], v[2])
+    return own
 
 
 def _time(t: float | None) -> datetime | None:
@@ -193,6 +224,9 @@ def summary(out: DryRunOut, now: float) -> str:
         parts.append("blocked meanwhile by: " + ", ".join(dict.fromkeys(blockers)))
     elif f is None:
         parts.append(f"the quota of queue `{out.queue}` admits it now")
+    if out.quota.admitted and out.quota.gpu_model:
+        parts.append(f"admitted against the {out.quota.gpu_model} quota of queue "
+                     f"`{out.queue}`: it runs on {out.quota.gpu_model} GPUs")
     if out.forecast_unavailable:
         parts.append(f"no forecast: {out.forecast_unavailable}")
     if out.array_size is not None:  # the forecast is one element's, alone

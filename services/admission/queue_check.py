@@ -14,8 +14,9 @@ from services.admission import queues_view
 from services.admission.auth import Principal
 from services.admission.ratelimit import REFUSED
 from shared.jobspec import JobSpec
+from shared.model_quota import ModelTrees
 from shared.queuespec import DEFAULT_QUEUE, QueueSpec
-from shared.quota_tree import BIG, RESOURCE_KEYS, UNITS, QueueTree, fmt, spec_demand
+from shared.quota_tree import BIG, EPS, RESOURCE_KEYS, UNITS, QueueTree, fmt, spec_demand
 
 
 def visible(row: dict[str, Any] | None, caller: Principal) -> bool:
@@ -64,24 +65,30 @@ async def check_queue(engine: AsyncEngine, queue: str, caller: Principal,
     if spec is not None:
         tree = (cache.derived.get("tree") if cache is not None else None) \
             or QueueTree(queue_specs(list(rows.values())).values())
+        models = cache.derived.get("models") if cache is not None else None
+        if models is None or models.tree is not tree:
+            models = ModelTrees(tree)
         if cache is not None:
-            cache.derived["tree"] = tree
-        check_ceiling(tree, queue, spec)
+            cache.derived["tree"], cache.derived["models"] = tree, models
+        check_ceiling(tree, queue, spec, models)
 
 
 def _amounts(v: tuple[float, float, float]) -> dict[str, float | None]:
     return {k: (x if x < BIG / 2 else None) for k, x in zip(RESOURCE_KEYS, v, strict=True)}
 
 
-def check_ceiling(tree: QueueTree, queue: str, spec: JobSpec) -> None:
+def check_ceiling(tree: QueueTree, queue: str, spec: JobSpec,
+                  models: ModelTrees | None = None) -> None:
     """422 for a job larger than its queue's quota ceiling (guarantee plus all it may
-    borrow, up the tree: ``QueueTree.ceiling``): queueing would hold it forever with
-    reason ``quota``. A tree without limits has no ceiling."""
+    borrow, up the tree: ``QueueTree.ceiling``), or than the ceiling of every GPU model
+    it may be admitted against: queueing would hold it forever with reason ``quota``.
+    A tree without limits has no ceiling."""
     if queue not in tree.specs:
         return
     ceiling, ask = tree.ceiling(queue), spec_demand(spec)
     over = ceiling.exceeded(ask)
     if not over:
+        _check_model_ceilings(models or ModelTrees(tree), queue, spec, ask[0])
         return
     REFUSED.labels("over_quota").inc()
     r = over[0]
@@ -94,3 +101,18 @@ def check_ceiling(tree: QueueTree, queue: str, spec: JobSpec) -> None:
             f"hold more than {fmt(ceiling.amount[r])} ({where}): it would wait forever"),
         "queue": queue, "limited_at": at, "ceiling": _amounts(ceiling.amount),
         "ask": _amounts(ask)}])
+
+
+def _check_model_ceilings(models: ModelTrees, queue: str, spec: JobSpec, gpus: float) -> None:
+    choices = models.choices(queue, gpus, spec.gpu_model_names)
+    caps = {c.key: models.ceiling(queue, c.key) for c in choices}
+    if any(gpus <= cap + EPS for cap in caps.values()):
+        return
+    REFUSED.labels("over_quota").inc()
+    most = ", ".join(f"{fmt(cap)} {key}" for key, cap in caps.items())
+    raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=[{
+        "field": "gpuModel" if spec.gpu_model is not None else "tasks", "type": "over_quota",
+        "message": (f"the job asks for {fmt(gpus)} GPUs at once; queue {queue} can never hold "
+                    f"more than {most} GPUs (each model's guarantee with all it may borrow): "
+                    "it would wait forever"),
+        "queue": queue, "ceiling_by_model": caps, "ask": {"gpus": gpus}}])

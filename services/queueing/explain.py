@@ -109,6 +109,7 @@ def queue_statuses(queues: Sequence[str], jobs: Sequence[HeldJob], decision: Adm
             guaranteed=dict(zip(RESOURCES, g, strict=True)),
             used=dict(zip(RESOURCES, quota.used[q], strict=True)),
             borrowed=dict(zip(RESOURCES, quota.borrowed(q), strict=True)),
+            used_by_model=decision.quotas.used_by_model(q),
             pending=counts[q][0], admitted=counts[q][1], running=counts[q][2],
             waiting=listed.get(q, [])[:MAX_WAITING_LISTED]))
     return out

@@ -33,6 +33,7 @@ from shared.events import (
     QueueRefusal,
     TransitionReason,
 )
+from shared.model_quota import NO_MODEL, Choice
 from shared.queuespec import QueueSpec
 from shared.topics import topic_for
 
@@ -69,14 +70,17 @@ def rejected(cmd: QueueCommand, error: CommandRefused) -> Outgoing:
     return outgoing(event, f"queue-rejected-{cmd.request_id}")
 
 
-def admitted(job: Held, borrowing: bool, now: datetime) -> list[Outgoing]:
-    """``jobs.ready`` for the scheduler and the ``admitted`` status."""
+def admitted(job: Held, borrowing: bool, now: datetime, choice: Choice = NO_MODEL
+             ) -> list[Outgoing]:
+    """``jobs.ready`` for the scheduler and the ``admitted`` status; ``choice``: the GPU
+    model quota it was admitted against (the scheduler places it on those models only)."""
     sub, attempt = job.event, job.attempt
     ready = JobReady(job_id=sub.job_id, queue=sub.queue, tenant=sub.tenant, user=sub.user,
                      spec=sub.spec, submitted_at=sub.submitted_at, admitted_at=now,
-                     attempt=attempt)
-    why = f"admitted by queue {sub.queue}" + (" (borrowing its cohort's quota)"
-                                               if borrowing else "")
+                     attempt=attempt, gpu_models=list(choice.models))
+    why = f"admitted by queue {sub.queue}" + (
+        f" against its {choice.key} quota" if choice.key else "") + (
+        " (borrowing its cohort's quota)" if borrowing else "")
     status = JobStatus(job_id=sub.job_id, state=JobState.ADMITTED, reason=why,
                        reason_code=TransitionReason.ADMITTED, attempt=attempt)
     return [outgoing(ready, f"ready-{sub.job_id}-{attempt}"),
@@ -85,8 +89,9 @@ def admitted(job: Held, borrowing: bool, now: datetime) -> list[Outgoing]:
 
 def reclaim(row: JobRow, rc: Reclaim) -> Outgoing:
     cmd = JobCommand(job_id=row.job_id, action=CommandAction.PREEMPT,
-                     reason=f"quota reclaimed: queue {row.queue} borrowed what {rc.member} "
-                     f"is guaranteed in cohort {rc.cohort}", requested_by=SOURCE)
+                     reason=f"quota reclaimed: queue {row.queue} borrowed "
+                     + (f"{rc.model} GPUs that " if rc.model else "what ")
+                     + f"{rc.member} is guaranteed in cohort {rc.cohort}", requested_by=SOURCE)
     return outgoing(cmd, f"reclaim-{row.job_id}-{row.attempt}")
 
 

@@ -48,6 +48,7 @@ from shared.events import (
     QueueCommand,
 )
 from shared.logging import get_logger
+from shared.model_quota import NO_MODEL, ModelTrees
 from shared.outbox import OutboxRelay, add_many
 from shared.queuespec import QueueSpec
 
@@ -70,6 +71,7 @@ class Queueing:
         self.ordering = Ordering(ordering or OrderingSpec())
         self.clock = clock
         self.tree = QueueTree([])
+        self.models = ModelTrees(self.tree)
         self.versions: dict[str, int] = {}
         self._lock = asyncio.Lock()
         self._dirty = True
@@ -96,6 +98,7 @@ class Queueing:
 
     def _set_tree(self, rows: dict[str, store.QueueRow]) -> None:
         self.tree = QueueTree(r.spec for r in rows.values())
+        self.models = ModelTrees(self.tree)
         self.versions = {n: r.version for n, r in rows.items()}
 
     async def _refresh_tree(self) -> None:
@@ -270,7 +273,7 @@ class Queueing:
             rows = await store.active_jobs(conn, tree.subtree(top),
                                            lambda job_id, attempt: (job_id, attempt) in self._held)
             jobs = [HeldJob(r, self._held_of(r)) for r in rows]
-            decision = decide(tree, top, jobs, self.ordering, now)
+            decision = decide(tree, top, jobs, self.ordering, now, self.models)
             await self._send(conn, await self._record(conn, top, decision, jobs, now))
         if decision.admitted or decision.reclaims:
             log.info("queue cycle", tree=top, admitted=len(decision.admitted),
@@ -283,8 +286,9 @@ class Queueing:
         out: list[Outgoing] = []
         now_dt = utc(now)
         for j, borrowing in decision.admitted:
-            out += messages.admitted(j.held, borrowing, now_dt)
-            await store.admit(conn, j.held.request.job_id, borrowing, now_dt)
+            choice = decision.choices.get(j.job_id, NO_MODEL)
+            out += messages.admitted(j.held, borrowing, now_dt, choice)
+            await store.admit(conn, j.held.request.job_id, borrowing, now_dt, choice.key)
             metrics.admitted(j.held.event.queue, borrowing)
         for j, rc in decision.reclaims:
             out.append(messages.reclaim(j.row, rc))

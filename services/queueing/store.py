@@ -38,6 +38,7 @@ class JobRow:
     event: dict[str, Any]
     admitted_at: datetime | None
     started_at: datetime | None
+    gpu_model: str = ""  # admitted: the GPU model quota it holds ("" = none)
 
 
 @dataclass(frozen=True)
@@ -124,12 +125,12 @@ async def insert_jobs(conn: AsyncConnection, jobs: list[NewJob]) -> None:
 
 
 _ROW_COLUMNS = """job_id, seq, queue, state, attempt, phase, borrowing, reason, notices,
-                  admitted_at, started_at"""
+                  admitted_at, started_at, gpu_model"""
 
 
 def _row(r: Any, event: dict[str, Any]) -> JobRow:
     return JobRow(r.job_id, r.seq, r.queue, r.state, r.attempt, r.phase, r.borrowing, r.reason,
-                  r.notices, event, r.admitted_at, r.started_at)
+                  r.notices, event, r.admitted_at, r.started_at, r.gpu_model)
 
 
 async def active_jobs(conn: AsyncConnection, queues: list[str],
@@ -166,13 +167,15 @@ async def lock_jobs(conn: AsyncConnection, job_ids: list[str]) -> dict[str, JobR
     return {r.job_id: _row(r, {}) for r in rows}
 
 
-async def admit(conn: AsyncConnection, job_id: str, borrowing: bool, at: datetime) -> None:
-    """A waiting job now holds its queue's quota."""
+async def admit(conn: AsyncConnection, job_id: str, borrowing: bool, at: datetime,
+                gpu_model: str = "") -> None:
+    """A waiting job now holds its queue's quota (``gpu_model``'s, if the tree gives that
+    model a quota of its own)."""
     await conn.execute(text(
         """UPDATE queue_jobs SET state = 'admitted', phase = 'admitted',
-               borrowing = :b, reason = '', admitted_at = :t
+               borrowing = :b, reason = '', admitted_at = :t, gpu_model = :m
            WHERE job_id = :j AND state = 'queued'"""),
-        {"b": borrowing, "t": at, "j": job_id})
+        {"b": borrowing, "t": at, "m": gpu_model, "j": job_id})
 
 
 async def reclaim(conn: AsyncConnection, job_id: str) -> None:
@@ -188,7 +191,8 @@ async def note_wait(conn: AsyncConnection, job_id: str, reason: str, notices: in
 async def requeue(conn: AsyncConnection, job_id: str, attempt: int) -> None:
     """A reclaimed job is back in its queue, as attempt ``attempt``, without its quota."""
     await _update_job(conn, job_id, state="queued", attempt=attempt, phase="",
-                      borrowing=False, reason="", admitted_at=None, started_at=None)
+                      borrowing=False, reason="", admitted_at=None, started_at=None,
+                      gpu_model="")
 
 
 async def follow_phase(conn: AsyncConnection, job_id: str, phase: str, attempt: int,

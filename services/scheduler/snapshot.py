@@ -27,7 +27,7 @@ def job_request(job: SchedJob, caps: Mapping[str, int] | None = None) -> JobRequ
     r = job.ready
     return shared_job_request(r.spec, job_id=job.job_id, queue=r.queue, tenant=r.tenant,
                               user=r.user, submitted_at=r.submitted_at, attempt=job.attempt,
-                              targets=job.targets, caps=caps)
+                              targets=job.targets, caps=caps, admitted_models=r.gpu_models)
 
 
 def core_node(n: NodeView) -> Node:

@@ -65,6 +65,9 @@ class JobReady(Event):
     submitted_at: datetime
     admitted_at: datetime
     attempt: int = 1
+    gpu_models: list[str] = Field(default_factory=list, description=(
+        "the GPU models the quota it was admitted against covers: it runs only on these "
+        "(empty: any its spec allows)"))
 
     def key(self) -> str:
         return self.queue

@@ -91,6 +91,8 @@ class QueueStatus(Event):
     guaranteed: dict[str, float | None] = Field(default_factory=dict)
     used: dict[str, float] = Field(default_factory=dict)
     borrowed: dict[str, float] = Field(default_factory=dict)
+    used_by_model: dict[str, float] = Field(default_factory=dict, description=(
+        "GPUs held of each GPU model its tree gives a quota of its own (subtree, as used)"))
     pending: int = 0
     admitted: int = 0
     running: int = 0

@@ -266,3 +266,100 @@ def test_a_move_survives_a_scheduler_killed_as_it_is_made(mixed: Stack) -> None:
             if a + 1 in by_attempt else None
         assert began is None or ended <= began, done["history"]
     assert sum(h["state"] == "succeeded" for h in tasks) == 1, done["history"]
+
+
+def test_quota_per_gpu_model_falls_back_holds_and_survives_a_queueing_restart(
+        mixed: Stack) -> None:
+    """A queue with 1 H100 and 1 V100 of quota (the CLI's ``--model``): a job asking
+    ``[H100, V100]`` takes the H100, the next falls back to the V100, and an H100-only
+    job waits for quota though an H100 is free; queueing killed (SIGKILL) and restarted
+    still counts each model's use; when the H100 job ends the waiting one runs there."""
+    import os
+    import signal
+    import uuid
+
+    from typer.testing import CliRunner
+
+    from kairos.cli import app
+
+    def cli(*args: str) -> str:
+        out = CliRunner().invoke(app, [*args, "--url", mixed.url, "--token", mixed.token or ""],
+                                 env={"COLUMNS": "200"})
+        assert out.exit_code == 0, out.output
+        return out.output
+
+    name = f"models-{uuid.uuid4().hex[:6]}"
+    assert f"queue {name} created" in cli("queue", "create", name, "--model", "H100=1",
+                                          "--model", "V100=1")
+    auth = {"Authorization": f"Bearer {mixed.token}"}
+    queue = httpx.get(f"{mixed.url}/v1/queues/{name}", headers=auth, timeout=30).json()
+    assert [(m["model"], m["guaranteed"]) for m in queue["gpu_models"]] == [
+        ("H100", 1.0), ("V100", 1.0)], queue
+
+    def running_on(job_id: str) -> tuple[str, dict[str, Any]]:
+        j = wait_for(lambda: (j := get(mixed, job_id))["state"] == "running" and j, 120,
+                     f"{job_id} running")
+        nodes = {h["node_id"] for h in j["history"] if h["task"]}
+        assert len(nodes) == 1, j["history"]
+        return nodes.pop(), j
+
+    ids = []
+    for _ in range(2):
+        r = submit(mixed, job(queue=name, duration=30, gpuModel=["H100", "V100"]))
+        assert r.status_code == 201, r.text
+        ids.append(r.json()["id"])
+    (first_node, first), (second_node, second) = running_on(ids[0]), running_on(ids[1])
+    assert (first_node, second_node) == (NODE_OF["hopper"], NODE_OF["volta"])
+    assert f"admitted by queue {name} against its H100 quota" in {
+        h["reason"] for h in first["history"]}, first["history"]
+    assert f"admitted by queue {name} against its V100 quota" in {
+        h["reason"] for h in second["history"]}, second["history"]
+    # bigger than the H100 quota could ever hold: refused before anything is stored
+    r = submit(mixed, job(queue=name, gpuModel="H100", tasks=[
+        {"name": "w", "resources": {"gpu": 2}}]))
+    assert r.status_code == 422 and "1 H100" in r.text and "wait forever" in r.text, r.text
+
+    r = submit(mixed, job(queue=name, gpuModel="H100", duration=0.5))
+    assert r.status_code == 201, r.text
+    third = r.json()["id"]
+
+    def waits_for_h100_quota() -> bool:
+        j = get(mixed, third)
+        return (j.get("waiting") or {}).get("reason") == "quota" and any(
+            "H100" in (h.get("message") or "") for h in j["history"])
+    wait_for(waits_for_h100_quota, 60, "the H100-only job waiting for its quota")
+    import json
+
+    from kairos.cli_queues import _by_model
+    shown = next(q for q in json.loads(cli("queues", "-o", "json")) if q["name"] == name)
+    assert _by_model(shown) == "H100 1/1, V100 1/1", shown  # the table's "by model" column
+
+    queueing = mixed.proc("queueing")
+    old = queueing.popen.pid
+    os.kill(old, signal.SIGKILL)
+    wait_for(lambda: queueing.popen.pid != old, 90, "queueing restarted")
+    # the restarted queueing admits again (a job of the default queue runs) ...
+    assert ran_on(mixed, job(gpuModel="V100")) == NODE_OF["volta"]
+    # ... and still counts the H100 held: the third waits on, an H100 free beside it
+    assert get(mixed, third)["state"] == "pending", get(mixed, third)
+
+    httpx.delete(f"{mixed.url}/v1/jobs/{ids[0]}", headers=auth, timeout=30)
+    done = wait_for(lambda: (j := get(mixed, third))["state"] == "succeeded" and j, 120,
+                    "the H100-only job ran once the H100 quota was free")
+    assert {h["node_id"] for h in done["history"] if h["task"]} == {NODE_OF["hopper"]}
+    httpx.delete(f"{mixed.url}/v1/jobs/{ids[1]}", headers=auth, timeout=30)
+
+
+def test_quota_per_model_is_an_admins_to_set(mixed: Stack) -> None:
+    body = {"name": "sneaky", "gpu_models": [{"model": "H100", "guaranteed": 64}]}
+    r = httpx.post(f"{mixed.url}/v1/queues", json=body, timeout=30)
+    assert r.status_code == 401, r.text
+    auth = {"Authorization": f"Bearer {mixed.token}"}
+    user = httpx.post(f"{mixed.url}/v1/tokens", headers=auth, timeout=30,
+                      json={"tenant": "other", "role": "user"}).json()["token"]
+    r = httpx.post(f"{mixed.url}/v1/queues", json=body, timeout=30,
+                   headers={"Authorization": f"Bearer {user}"})
+    assert r.status_code == 403, r.text
+    r = httpx.post(f"{mixed.url}/v1/queues", headers=auth, timeout=30, json={
+        "name": "bad-models", "gpu_models": [{"model": "H1000", "guaranteed": 1}]})
+    assert r.status_code == 422 and "unknown GPU model" in r.text, r.text

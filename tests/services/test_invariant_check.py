@@ -137,3 +137,14 @@ def test_borrowing_past_the_limit_is_reported() -> None:
                 QueueStatus(queue="q", borrowed={"gpus": 2}),
                 QueueStatus(queue="q", borrowed={"gpus": 3}))
     assert kinds(h, {}) == ["quota_exceeded"]
+
+
+def test_holding_more_of_a_gpu_model_than_its_quota_allows_is_reported() -> None:
+    settings = {"name": "q", "gpu_models": [
+        {"model": "H100", "guaranteed": 4, "borrowing_limit": 2}, {"model": "V100"}]}
+    within = history(QueueChanged(queue="q", change="updated", settings=settings),
+                     QueueStatus(queue="q", used_by_model={"H100": 6, "V100": 40}))
+    assert kinds(within, {}) == []
+    over = history(QueueChanged(queue="q", change="updated", settings=settings),
+                   QueueStatus(queue="q", used_by_model={"H100": 7}))
+    assert kinds(over, {}) == ["quota_exceeded"]

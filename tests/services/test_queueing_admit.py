@@ -45,19 +45,24 @@ class Jobs:
 
     def add(self, queue: str, state: str, gpus: int = 1, *, admitted_at: float | None = None,
             started_at: float | None = None, estimate: float | None = None,
-            reason: str = "") -> str:
+            reason: str = "", gpu_model: str | list[str] | None = None,
+            holds_model: str = "", preemptible: bool = True) -> str:
         seq = len(self.held) + 1
         job_id = f"{queue}-{seq}"
         spec: dict[str, Any] = {"name": job_id, "queue": queue,
                                 "tasks": [{"name": "w", "resources": {"gpu": gpus}}]}
         if estimate is not None:
             spec["runtimeEstimate"] = estimate
+        if gpu_model is not None:
+            spec["gpuModel"] = gpu_model
+        if not preemptible:
+            spec["preemptible"] = False
         sub = JobSubmitted(job_id=job_id, queue=queue, tenant="t", user="u",
                            spec=parse_job_spec(spec), submitted_at=at(NOW - 1000 + seq))
         req = job_request(sub, 1)
         row = JobRow(job_id, seq, queue, state, 1, "running" if started_at else state, False,
                      reason, 0, {}, at(admitted_at) if admitted_at else None,
-                     at(started_at) if started_at else None)
+                     at(started_at) if started_at else None, holds_model)
         self.held.append(HeldJob(row, Held(seq, sub, 1, req, demand(req))))
         return job_id
 

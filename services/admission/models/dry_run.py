@@ -29,6 +29,9 @@ class DryRunQuota(BaseModel):
                                    "(quota of queue `research`, reclaim in cohort `lab`)")
     detail: str = Field(description="why, in words")
     ask: QuotaDemand = Field(description="what the job reserves of its queue's quota")
+    gpu_model: str | None = Field(None, description="the GPU model whose quota it would be "
+                                  "admitted against, where its queue's tree gives models a "
+                                  "quota of their own (it then runs on that model only)")
     waiting_ahead: int = Field(0, description="jobs waiting in its queue now")
 
 

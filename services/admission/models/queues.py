@@ -8,7 +8,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.queuespec import NAME_PATTERN, TENANT_PATTERN, Amount, QueueState
+from shared.queuespec import (
+    MAX_MODEL_QUOTAS,
+    NAME_PATTERN,
+    TENANT_PATTERN,
+    Amount,
+    ModelQuota,
+    QueueState,
+)
+
+MODEL_QUOTAS = ("GPU quota per model (H100, A100-80GB), in the order its jobs try them: "
+                "a GPU job of a tree that names models is admitted against the first with "
+                "room and runs on that model")
 
 
 class Usage(BaseModel):
@@ -28,8 +39,11 @@ class QueueOut(BaseModel):
     guaranteed: Amount | None
     borrowing_limit: Amount | None
     lending_limit: Amount | None
+    gpu_models: list[ModelQuota] | None = Field(None, description=MODEL_QUOTAS)
     description: str = ""
     used: Usage = Field(description="what its admitted jobs (and its children's) reserve")
+    used_by_model: dict[str, float] = Field(default_factory=dict, description=(
+        "GPUs its admitted jobs (and its children's) hold of each model named in gpu_models"))
     borrowed: Usage = Field(description="used above guaranteed, from its cohort")
     pending: int = Field(0, description="jobs waiting in it")
     admitted: int = Field(0, description="admitted jobs not running yet")
@@ -49,6 +63,8 @@ class QueueIn(BaseModel):
     guaranteed: Amount | None = None
     borrowing_limit: Amount | None = None
     lending_limit: Amount | None = None
+    gpu_models: list[ModelQuota] | None = Field(None, max_length=MAX_MODEL_QUOTAS,
+                                                description=MODEL_QUOTAS)
     weight: float = Field(1.0, gt=0)
     state: QueueState = QueueState.OPEN
     strategy: Literal["best_effort", "strict"] = "best_effort"
@@ -64,6 +80,8 @@ class QueuePatch(BaseModel):
     guaranteed: Amount | None = None
     borrowing_limit: Amount | None = None
     lending_limit: Amount | None = None
+    gpu_models: list[ModelQuota] | None = Field(None, max_length=MAX_MODEL_QUOTAS,
+                                                description=MODEL_QUOTAS + "; null clears them")
     weight: float | None = Field(None, gt=0)
     strategy: Literal["best_effort", "strict"] | None = None
     description: str | None = Field(None, max_length=500)
@@ -86,7 +104,9 @@ def queue_out(row: dict[str, Any]) -> QueueOut:
         tenant=row["tenant"], state=QueueState(row["state"]),
         strategy=s.get("strategy", "best_effort"), weight=s.get("weight", 1.0),
         guaranteed=s.get("guaranteed"), borrowing_limit=s.get("borrowing_limit"),
-        lending_limit=s.get("lending_limit"), description=s.get("description", ""),
+        lending_limit=s.get("lending_limit"), gpu_models=s.get("gpu_models"),
+        description=s.get("description", ""),
         used=usage(st.get("used")), borrowed=usage(st.get("borrowed")),
+        used_by_model=st.get("used_by_model") or {},
         pending=st.get("pending", 0), admitted=st.get("admitted", 0),
         running=st.get("running", 0), version=row["version"], updated_at=row["updated_at"])

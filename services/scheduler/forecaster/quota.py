@@ -9,7 +9,9 @@ are tried in arrival order, a job that must wait holds back no later one unless 
 queue is ``strict``, a closed queue admits nothing. Two simplifications: arrival order
 stands for the queue's ordering plugins, and a job whose guarantee is lent out (it
 waits for *reclaim*) counts as admitted at once, as the borrowers it waits for are
-being stopped.
+being stopped. Where the tree gives GPU models quotas of their own, a held job counts
+against the first model with room (``shared/model_quota.py``), an admitted one against
+the model it runs on.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from typing import Any
 from scheduling import JobRequest
 from scheduling.forecast import Admit
 from shared.events.reasons import WaitReason
+from shared.model_quota import ModelTrees, Quotas
 from shared.queuespec import QueueSpec, QueueState
-from shared.quota_state import QuotaState
-from shared.quota_tree import ZERO, QueueTree, Vec, request_demand
+from shared.quota_tree import QueueTree, request_demand
 
 
 def tree_of(configs: Mapping[str, Any]) -> QueueTree:
@@ -31,13 +33,12 @@ def tree_of(configs: Mapping[str, Any]) -> QueueTree:
 
 
 def admit_rule(tree: QueueTree) -> Admit:
+    models = ModelTrees(tree)
+
     def admit(admitted: Sequence[JobRequest], held: Sequence[JobRequest]) -> Collection[str]:
-        own: dict[str, Vec] = {}
-        for j in admitted:
-            if j.queue in tree.specs:
-                d, u = request_demand(j), own.get(j.queue, ZERO)
-                own[j.queue] = (u[0] + d[0], u[1] + d[1], u[2] + d[2])
-        state = QuotaState(tree, own)
+        state = Quotas.of(models, ((j.queue, models.key_of(j.queue, j.gpu_models),
+                                    request_demand(j), False)
+                                   for j in admitted if j.queue in tree.specs))
         out: list[str] = []
         stuck: set[str] = set()  # strict queues held back by a job ahead
         for j in held:
@@ -48,9 +49,10 @@ def admit_rule(tree: QueueTree) -> Admit:
             if spec.state == QueueState.CLOSED or j.queue in stuck:
                 continue
             d = request_demand(j)
-            decision = state.check(j.queue, d)
+            verdict = state.check(j.queue, d, models.choices(j.queue, d[0], j.gpu_models))
+            decision = verdict.decision
             if decision.admitted or decision.reason == WaitReason.RECLAIM:
-                state.add(j.queue, d)
+                state.add(j.queue, d, verdict.choice.key)
                 out.append(j.job_id)
             elif spec.strategy == "strict":
                 stuck.add(j.queue)

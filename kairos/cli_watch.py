@@ -27,7 +27,7 @@ from kairos.cli_common import (
     fail,
     request,
 )
-from kairos.cli_output import Col, OutputOpt, field, printed_as_data, table
+from kairos.cli_output import Col, Output, OutputOpt, field, printed_as_data, table
 from shared.durations import parse_duration
 
 EXIT = {"succeeded": 0, "failed": 4, "cancelled": 5}
@@ -124,6 +124,10 @@ USAGE_COLUMNS = (
     Col("queue", field("queue")),
     Col("GPU-hours", lambda q: f"{q['gpu_hours']:.2f}"),
     Col("of which shared", lambda q: f"{q['shared_gpu_hours']:.2f}"),
+    Col("billed", lambda q: f"{q.get('billed_gpu_hours', q['gpu_hours']):.2f}"),
+    Col("by model", lambda q: ", ".join(
+        f"{m or '?'} {h:.2f}" for m, h in sorted((q.get("gpu_hours_by_model") or {}).items())
+        ) or "-", wide=True),
     Col("runs", field("runs")),
 )
 
@@ -136,7 +140,8 @@ def usage(
     tenant: Annotated[str | None, typer.Option(help="only this tenant (admin)")] = None,
     output: OutputOpt = None, url: UrlOpt = None, token: TokenOpt = None,
 ) -> None:
-    """GPU-hours used per tenant and queue (like sreport); GPU shares count their fraction."""
+    """GPU-hours used per tenant and queue (like sreport); GPU shares count their fraction;
+    billed: each model's hours at its queue's billing weight (-o wide: hours per model)."""
     params = {k: v for k, v in (("from", _when(from_, "--from")), ("to", _when(to, "--to")),
                                 ("tenant", tenant)) if v}
     with client(url, token) as c:
@@ -144,7 +149,9 @@ def usage(
     if printed_as_data(report, output):  # the whole report, totals included
         return
     rows = [q | {"tenant": ten["tenant"]} for ten in report["tenants"] for q in ten["queues"]]
-    t = table(rows, USAGE_COLUMNS,
+    t = table(rows, USAGE_COLUMNS, wide=output is Output.WIDE,
               title=f"usage {report['from'][:16]} .. {report['to'][:16]} (UTC)")
-    t.add_row("[bold]all[/]", "", f"[bold]{report['gpu_hours']:.2f}[/]", "", "")
+    blanks = [""] * (len(t.columns) - 5)
+    t.add_row("[bold]all[/]", "", f"[bold]{report['gpu_hours']:.2f}[/]", "",
+              f"[bold]{report.get('billed_gpu_hours', report['gpu_hours']):.2f}[/]", *blanks)
     console.print(t)

@@ -218,6 +218,9 @@ class JobRequest:
     # the user's order of preference of each of ``gpu_models`` (0: first choice; models of
     # one family asked for together share a rank). Empty: no preference
     gpu_model_ranks: tuple[int, ...] = ()
+    # what one GPU of a model counts as in fair share (its queue's billing weights; a
+    # model it lacks counts 1). Empty: every GPU counts 1
+    gpu_prices: tuple[tuple[str, float], ...] = ()
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[str, ...] = ()  # taint keys or full taints this job tolerates
     affinity: tuple[AffinityRule, ...] = ()

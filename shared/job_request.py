@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from scheduling import JobRequest, TaskRequest
+from shared.billing import prices
 from shared.jobspec import JobSpec, TaskSpec
 from shared.task_affinity import core_rules
 
@@ -43,10 +44,12 @@ def job_request(spec: JobSpec, *, job_id: str, queue: str, tenant: str, user: st
                 submitted_at: datetime, attempt: int,
                 targets: Mapping[str, int] | None = None,
                 caps: Mapping[str, int] | None = None,
-                admitted_models: Sequence[str] = ()) -> JobRequest:
+                admitted_models: Sequence[str] = (),
+                billing_weights: Mapping[str, float] | None = None) -> JobRequest:
     """The whole job: its tasks, who submitted it where, and what the policy ranks by.
     ``admitted_models``: the GPU models its queue's quota admitted it for (``JobReady``);
-    it may run on those only."""
+    it may run on those only. ``billing_weights``: its queue's, what one GPU-hour of a
+    model counts as in fair share (``shared/billing.py``)."""
     models, ranks = _models(spec, admitted_models)
     return JobRequest(
         job_id=job_id,
@@ -65,6 +68,7 @@ def job_request(spec: JobSpec, *, job_id: str, queue: str, tenant: str, user: st
         gpu_models=models if spec.total_gpus else (),
         gpu_model_ranks=ranks if spec.total_gpus else (),
         gpu_speeds=spec.gpu_speeds if spec.total_gpus else (),
+        gpu_prices=prices(billing_weights) if spec.total_gpus and billing_weights else (),
         node_selector=dict(spec.node_selector),
         tolerations=spec.core_tolerations,
         affinity=core_rules([(t.effective_role, t.affinity, t.anti_affinity) for t in spec.tasks],

@@ -100,7 +100,26 @@ class QueueSpec(BaseModel):
         None, max_length=MAX_MODEL_QUOTAS, description="GPU quota per model, in the order "
         "its jobs try them: a GPU job of a tree that names models is admitted against the "
         "first of them (its own gpuModel first) whose quota has room, and runs on it")
+    billing_weights: dict[str, float] | None = Field(
+        None, max_length=32, description="what one GPU-hour of a model counts as in usage "
+        "and fair share (H100: 4, V100: 1), as Slurm's TRESBillingWeights; inherited from "
+        "its parent, model by model; a model none names counts 1")
     description: str = Field("", max_length=500)
+
+    @field_validator("billing_weights")
+    @classmethod
+    def _weights(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is None:
+            return v
+        out: dict[str, float] = {}
+        for name, w in v.items():
+            key = model_key(name)  # a ValueError names an unknown model
+            if not (w > 0 and w <= 1e6):
+                raise ValueError(f"{name}: a billing weight is above 0 and at most 1e6")
+            if any(_overlap(key, k) for k in out):
+                raise ValueError(f"{name} overlaps a model named before: name each once")
+            out[key] = float(w)
+        return out
 
     @field_validator("gpu_models")
     @classmethod

@@ -626,6 +626,39 @@ def queues() -> dict[str, Any]:
             12,
             8,
         ),
+        L.place(
+            timeseries(
+                "GPUs held by model",
+                targets(
+                    (
+                        'sum by (queue, model) (kairos_queue_gpus_by_model{queue=~"$queue", '
+                        'tenant=~"$tenant"})',
+                        "{{queue}} / {{model}}",
+                    ),
+                ),
+                stack=True,
+                desc="GPUs its bound tasks hold, per GPU model (quota per model: kairos queues).",
+            ),
+            12,
+            8,
+        ),
+        L.place(
+            timeseries(
+                "Billed GPUs (billing weights per model)",
+                targets(
+                    (
+                        'sum by (queue, tenant) (kairos_queue_billed_gpus{queue=~"$queue", '
+                        'tenant=~"$tenant"})',
+                        "{{queue}} / {{tenant}}",
+                    ),
+                ),
+                stack=True,
+                desc="GPUs held, each at its queue's billing weight for its model "
+                "(an H100 at 4 counts 4); its integral is billed GPU-hours (kairos usage).",
+            ),
+            12,
+            8,
+        ),
         L.row("Waiting"),
         L.place(
             timeseries(

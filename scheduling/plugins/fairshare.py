@@ -2,7 +2,8 @@
 
 Ordering uses each job's *projected* dominant share: its tenant's share after the
 tenant's earlier jobs in the queue and this one were placed. Sorting on it interleaves
-tenants as progressive filling would, without re-sorting after every bind.
+tenants as progressive filling would, without re-sorting after every bind. GPUs count
+at their billing weights where jobs carry them (``scheduling/billing.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from scheduling import jobcols as jc
 from scheduling.arrays import BoolArray, FloatArray
+from scheduling.billing import billed_usage, pending_prices
 from scheduling.framework import Cycle, JobInfo, JobPriorities, Plugin, register
 from scheduling.model import PendingReason, PreemptReason, Resources
 from scheduling.quota import QuotaBook, dominant_share
@@ -38,6 +40,7 @@ class FairShare(Plugin):
         cycle.put(QuotaBook(quotas, cycle.usage))
         self.weight_of = {q.tenant: q.weight for q in cycle.snapshot.quotas}
         self.weight_of.update(self.args.weights)
+        self.billed = billed_usage(cycle)  # GPUs at their billing weights
 
     def share(self, cycle: Cycle, tenant: str, usage: Resources) -> float:
         return dominant_share(usage, cycle.capacity, self.weight_of.get(tenant, 1.0))
@@ -51,6 +54,9 @@ class FairShare(Plugin):
         prio = prios.priority if prios is not None else c[jc.STATIC]
         submit = c[jc.SUBMIT]
         demand = c[[jc.GPUS, jc.CPU, jc.MEM]].T
+        prices = pending_prices(cycle, jobs)
+        if prices is not None:
+            demand = demand * np.stack([prices, np.ones(n), np.ones(n)], axis=1)
         # within a tenant: by priority, then FIFO; cumulative demand, reset per tenant
         order = np.lexsort((np.arange(n), submit, -prio, tenant))
         cum = np.cumsum(demand[order], axis=0)
@@ -58,7 +64,7 @@ class FairShare(Plugin):
         starts = np.flatnonzero(np.r_[True, t_sorted[1:] != t_sorted[:-1]])
         group_start = np.repeat(starts, np.diff(np.r_[starts, n]))
         offset = np.where(group_start[:, None] > 0, cum[group_start - 1], 0.0)
-        used = np.asarray([cycle.usage.get(t, Resources()).as_tuple() for t in names], dtype=float)
+        used = np.asarray([self.billed.get(t, Resources()).as_tuple() for t in names], dtype=float)
         weight = np.asarray([self.weight_of.get(t, 1.0) or 1.0 for t in names])
         cap = np.asarray(cycle.capacity.as_tuple())
         after = used[t_sorted] + cum - offset

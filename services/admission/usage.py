@@ -8,7 +8,9 @@ attempt starting. A task report that comes after such a close moves the end to t
 task's real stop, so the GPUs held through a grace period are counted.
 
 A replica holds ``gpus``: its whole GPUs, or for a share its fraction of one GPU (the
-compute share, or the memory share of the node's GPU when it asks for memory only).
+compute share, or the memory share of the node's GPU when it asks for memory only), of
+the node's GPU model (``gpu_model``, as ``H100-80GB``): usage is reported per model and
+billed at each queue's weights (``shared/billing.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from shared.events import JobState, JobStatus
+from shared.gpu_models import model_id
 
 ENDS = ("succeeded", "failed", "cancelled", "preempted")  # the states that end a run
 
@@ -75,45 +78,49 @@ async def _open(conn: AsyncConnection, st: JobStatus, occurred_at: datetime) -> 
     spec = job["spec"] if isinstance(job["spec"], dict) else json.loads(job["spec"])
     name = task_name(st.task)
     task: dict[str, Any] = next((t for t in spec.get("tasks", []) if t.get("name") == name), {})
-    gpu_memory = None
-    if st.node_id and not (task.get("resources") or {}).get("gpuCompute"):
-        gpu_memory = await conn.scalar(text(
-            "SELECT (inventory->'gpus'->0->>'memory_mib')::int FROM nodes_view WHERE node_id = :n"),
-            {"n": st.node_id})
-    gpus, shared = replica_gpus(task, gpu_memory)
+    gpu = None
+    if st.node_id:
+        gpu = (await conn.execute(text(
+            """SELECT (inventory->'gpus'->0->>'memory_mib')::int AS memory_mib,
+                      inventory->'gpus'->0->>'model' AS model
+               FROM nodes_view WHERE node_id = :n"""), {"n": st.node_id})).first()
+    compute = (task.get("resources") or {}).get("gpuCompute")
+    gpus, shared = replica_gpus(task, None if gpu is None or compute else gpu.memory_mib)
+    model = model_id(gpu.model, gpu.memory_mib or 0) if gpu is not None and gpu.model \
+        and gpus > 0 else ""
     # a late `running` of a job already past this attempt opens a run of no length; the
     # task's own end report then stretches it to when it really stopped
     over = JobState(job["state"]).terminal or job["attempt"] > st.attempt
     await conn.execute(text(
         """INSERT INTO task_runs (job_id, task_id, attempt, tenant, queue, node_id, gpus,
-                                  shared, started_at, ended_at)
-           VALUES (:j, :t, :a, :tenant, :q, :n, :g, :s, :o, :end)
+                                  shared, started_at, ended_at, gpu_model)
+           VALUES (:j, :t, :a, :tenant, :q, :n, :g, :s, :o, :end, :m)
            ON CONFLICT (job_id, task_id, attempt) DO NOTHING"""),
         {"j": st.job_id, "t": st.task, "a": st.attempt, "tenant": job["tenant"],
          "q": job["queue"], "n": st.node_id, "g": gpus, "s": shared, "o": occurred_at,
-         "end": occurred_at if over else None})
+         "end": occurred_at if over else None, "m": model})
 
 
 async def gpu_hours(engine: AsyncEngine, start: datetime, end: datetime,
                     tenant: str | None) -> tuple[datetime, list[dict[str, Any]]]:
-    """GPU-hours per (tenant, queue) inside [start, end), runs still open counted up to
-    now. Returns (the database's now, rows of tenant, queue, gpu_hours,
-    shared_gpu_hours, runs)."""
+    """GPU-hours per (tenant, queue, GPU model) inside [start, end), runs still open
+    counted up to now. Returns (the database's now, rows of tenant, queue, gpu_model,
+    gpu_hours, shared_gpu_hours, runs)."""
     async with engine.connect() as conn:
         now = await conn.scalar(text("SELECT now()"))
         rows = (await conn.execute(text(
-            """SELECT tenant, queue,
+            """SELECT tenant, queue, gpu_model,
                       sum(gpus * secs) / 3600.0 AS gpu_hours,
                       sum(CASE WHEN shared THEN gpus * secs ELSE 0 END) / 3600.0
                           AS shared_gpu_hours,
                       count(*) AS runs
-               FROM (SELECT tenant, queue, gpus, shared, GREATEST(0, EXTRACT(EPOCH FROM
+               FROM (SELECT tenant, queue, gpu_model, gpus, shared, GREATEST(0, EXTRACT(EPOCH FROM
                             LEAST(COALESCE(ended_at, :now), :end)
                             - GREATEST(started_at, :start))) AS secs
                      FROM task_runs
                      WHERE started_at < :end AND (ended_at IS NULL OR ended_at > :start)
                        AND started_at < :now
                        AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)) r
-               GROUP BY tenant, queue ORDER BY tenant, queue"""),
+               GROUP BY tenant, queue, gpu_model ORDER BY tenant, queue, gpu_model"""),
             {"start": start, "end": end, "now": now, "tenant": tenant})).mappings()
         return now, [dict(r) for r in rows]

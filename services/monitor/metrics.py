@@ -61,6 +61,12 @@ class MonitorMetrics:
         self.dominant_share = Gauge("kairos_queue_dominant_share_ratio",
                                     "DRF dominant share of the cluster held", ["queue", "tenant"],
                                     registry=r)
+        self.gpus_by_model = Gauge("kairos_queue_gpus_by_model",
+                                   "GPUs held (shares by their fraction), by GPU model",
+                                   ["queue", "tenant", "model"], registry=r)
+        self.billed_gpus = Gauge("kairos_queue_billed_gpus", "GPUs held at the queue's "
+                                 "billing weights per model (1 where none is set)",
+                                 ["queue", "tenant"], registry=r)
         self.starvation_bound = Gauge("kairos_queue_starvation_bound_seconds",
                                       "The queue's starvation bound (wait-time aging limit)",
                                       ["queue", "tenant"], registry=r)
@@ -103,7 +109,8 @@ class MonitorMetrics:
         """Remove every cluster-set series: another replica exports them now."""
         for m in (self.jobs, self.nodes, self.last_heartbeat, self.queueing, self.completion,
                   self.queue_pending, self.queue_running, self.queue_oldest, self.queue_quota,
-                  self.dominant_share, self.starvation_bound, self.stuck, self.gpu_mem_total):
+                  self.dominant_share, self.starvation_bound, self.stuck, self.gpu_mem_total,
+                  self.gpus_by_model, self.billed_gpus):
             m.clear()
         for state in CLUSTER_GPU_STATES:
             self.gpus.remove(state)  # a missing child is no error

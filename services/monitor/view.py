@@ -16,6 +16,7 @@ from typing import Any
 
 from services.monitor.fragmentation import NodeRoom, Shape, fragmentation
 from services.monitor.metrics import MonitorMetrics
+from shared.billing import inherited, weight_of
 from shared.events import (
     Binding,
     BindingAction,
@@ -29,6 +30,7 @@ from shared.events import (
     NodeRegistered,
     QueueChanged,
 )
+from shared.gpu_models import model_id
 from shared.jobspec import JobSpec
 
 MIB = 1024 * 1024
@@ -64,6 +66,8 @@ class QueueConf:
     tenant: str = ""
     guaranteed_gpus: float | None = None
     starvation_bound_s: float | None = None
+    parent: str | None = None
+    billing_weights: dict[str, float] = field(default_factory=dict)
 
 
 def _shapes(spec: JobSpec) -> tuple[Shape, ...]:
@@ -89,7 +93,12 @@ def queue_conf(settings: Mapping[str, Any]) -> QueueConf:
     for key in ("starvation_bound_s", "starvationBound", "starvation_bound"):
         if key in settings and (bound := _number(settings[key])) is not None:
             break
-    return QueueConf(str(settings.get("tenant") or ""), guaranteed, bound)
+    weights = settings.get("billing_weights")
+    weights = {str(k): float(v) for k, v in weights.items() if isinstance(v, int | float)} \
+        if isinstance(weights, dict) else {}
+    parent = settings.get("parent")
+    return QueueConf(str(settings.get("tenant") or ""), guaranteed, bound,
+                     parent if isinstance(parent, str) else None, weights)
 
 
 @dataclass
@@ -274,24 +283,41 @@ class ClusterView:
         for node, t in self.last_seen.items():
             m.last_heartbeat.labels(node).set(t)
 
+    def _model_of(self, node: str) -> str:
+        inv = self.nodes.get(node)
+        return model_id(inv.gpus[0].model, inv.gpus[0].memory_mib) if inv and inv.gpus else ""
+
     def _export_usage(self, m: MonitorMetrics) -> None:
         """Quota use per queue and DRF dominant share per (queue, tenant)."""
         live = [inv for n, inv in self.nodes.items() if n not in self.lost]
         capacity = (sum(len(i.gpus) for i in live), sum(i.cpu_milli for i in live),
                     sum(i.memory_mib for i in live))
         use: dict[tuple[str, str], list[float]] = {p: [0.0, 0.0, 0.0] for p in self.pairs}
+        by_model: dict[tuple[str, str, str], float] = {}  # (queue, tenant, GPU model) -> GPUs
         for (job_id, _, _), h in self.holds.items():
             job = self.jobs.get(job_id)
             if job is None:
                 continue
             u = use.setdefault((job.queue, job.tenant), [0.0, 0.0, 0.0])
-            u[0] += sum(1.0 if not mib and pct >= 100 else pct / 100 for _, mib, pct in h.gpus)
+            gpus = sum(1.0 if not mib and pct >= 100 else pct / 100 for _, mib, pct in h.gpus)
+            u[0] += gpus
+            if gpus:
+                key = (job.queue, job.tenant, self._model_of(h.node))
+                by_model[key] = by_model.get(key, 0.0) + gpus
             u[1] += h.cpu_milli
             u[2] += h.memory_mib
         by_queue: dict[str, float] = {q: 0.0 for q in self.queues}
+        m.gpus_by_model.clear()  # a model a queue no longer holds must not linger
+        billed: dict[tuple[str, str], float] = {p: 0.0 for p in use}
+        tree = {n: (c.parent, c.billing_weights) for n, c in self.queues.items()}
+        for (queue, tenant, model), gpus in by_model.items():
+            m.gpus_by_model.labels(queue, tenant, model).set(gpus)
+            billed[queue, tenant] = billed.get((queue, tenant), 0.0) + gpus * weight_of(
+                inherited(tree, queue), model)
         for (queue, tenant), u in use.items():
             shares = [x / c for x, c in zip(u, capacity, strict=True) if c > 0]
             m.dominant_share.labels(queue, tenant).set(max(shares, default=0.0))
+            m.billed_gpus.labels(queue, tenant).set(billed.get((queue, tenant), 0.0))
             by_queue[queue] = by_queue.get(queue, 0.0) + u[0]
         for queue, used in by_queue.items():
             conf = self.queues.get(queue, QueueConf())

@@ -70,14 +70,16 @@ def rejected(cmd: QueueCommand, error: CommandRefused) -> Outgoing:
     return outgoing(event, f"queue-rejected-{cmd.request_id}")
 
 
-def admitted(job: Held, borrowing: bool, now: datetime, choice: Choice = NO_MODEL
-             ) -> list[Outgoing]:
+def admitted(job: Held, borrowing: bool, now: datetime, choice: Choice = NO_MODEL,
+             billing_weights: dict[str, float] | None = None) -> list[Outgoing]:
     """``jobs.ready`` for the scheduler and the ``admitted`` status; ``choice``: the GPU
-    model quota it was admitted against (the scheduler places it on those models only)."""
+    model quota it was admitted against (the scheduler places it on those models only);
+    ``billing_weights``: its queue's (the scheduler's fair share counts GPUs at them)."""
     sub, attempt = job.event, job.attempt
     ready = JobReady(job_id=sub.job_id, queue=sub.queue, tenant=sub.tenant, user=sub.user,
                      spec=sub.spec, submitted_at=sub.submitted_at, admitted_at=now,
-                     attempt=attempt, gpu_models=list(choice.models))
+                     attempt=attempt, gpu_models=list(choice.models),
+                     billing_weights=billing_weights or {})
     why = f"admitted by queue {sub.queue}" + (
         f" against its {choice.key} quota" if choice.key else "") + (
         " (borrowing its cohort's quota)" if borrowing else "")

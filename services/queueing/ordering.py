@@ -10,7 +10,7 @@ jobs were stored with), so a restart never reorders a queue.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from scheduling import GpuSlot, JobRequest, Node, Quota, Resources, Scheduler, Snapshot
@@ -32,10 +32,13 @@ class Held:
     demand: Vec
 
 
-def job_request(sub: JobSubmitted, attempt: int) -> JobRequest:
-    """A held job for the core: its tenant is its queue (fair share runs between queues)."""
+def job_request(sub: JobSubmitted, attempt: int,
+                billing_weights: Mapping[str, float] | None = None) -> JobRequest:
+    """A held job for the core: its tenant is its queue (fair share runs between queues,
+    GPUs at the queue's billing weights)."""
     return shared_job_request(sub.spec, job_id=sub.job_id, queue=sub.queue, tenant=sub.queue,
-                              user=sub.user, submitted_at=sub.submitted_at, attempt=attempt)
+                              user=sub.user, submitted_at=sub.submitted_at, attempt=attempt,
+                              billing_weights=billing_weights)
 
 
 def demand(req: JobRequest) -> Vec:

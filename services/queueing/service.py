@@ -36,6 +36,7 @@ from services.queueing.ordering import Held, Ordering, demand, job_request
 from services.queueing.queue_commands import apply_command, merge_file
 from services.queueing.quota import QueueTree
 from services.queueing.store import JobRow, NewJob
+from shared.billing import effective_weights
 from shared.bus import Producer
 from shared.events import (
     CommandAction,
@@ -253,7 +254,7 @@ class Queueing:
         h = self._held.get(key)
         if h is None:
             sub = JobSubmitted.model_validate(row.event)
-            req = job_request(sub, row.attempt)
+            req = job_request(sub, row.attempt, effective_weights(self.tree.specs, sub.queue))
             h = self._held[key] = Held(row.seq, sub, row.attempt, req, demand(req))
         return h
 
@@ -287,7 +288,8 @@ class Queueing:
         now_dt = utc(now)
         for j, borrowing in decision.admitted:
             choice = decision.choices.get(j.job_id, NO_MODEL)
-            out += messages.admitted(j.held, borrowing, now_dt, choice)
+            out += messages.admitted(j.held, borrowing, now_dt, choice,
+                                     effective_weights(self.tree.specs, j.queue))
             await store.admit(conn, j.held.request.job_id, borrowing, now_dt, choice.key)
             metrics.admitted(j.held.event.queue, borrowing)
         for j, rc in decision.reclaims:

@@ -27,7 +27,8 @@ def job_request(job: SchedJob, caps: Mapping[str, int] | None = None) -> JobRequ
     r = job.ready
     return shared_job_request(r.spec, job_id=job.job_id, queue=r.queue, tenant=r.tenant,
                               user=r.user, submitted_at=r.submitted_at, attempt=job.attempt,
-                              targets=job.targets, caps=caps, admitted_models=r.gpu_models)
+                              targets=job.targets, caps=caps, admitted_models=r.gpu_models,
+                              billing_weights=r.billing_weights)
 
 
 def core_node(n: NodeView) -> Node:

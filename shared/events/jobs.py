@@ -68,6 +68,9 @@ class JobReady(Event):
     gpu_models: list[str] = Field(default_factory=list, description=(
         "the GPU models the quota it was admitted against covers: it runs only on these "
         "(empty: any its spec allows)"))
+    billing_weights: dict[str, float] = Field(default_factory=dict, description=(
+        "its queue's billing weights per GPU model (shared/billing.py): what one GPU-hour "
+        "of a model counts as in fair share"))
 
     def key(self) -> str:
         return self.queue

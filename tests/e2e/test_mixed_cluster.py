@@ -351,7 +351,8 @@ def test_quota_per_gpu_model_falls_back_holds_and_survives_a_queueing_restart(
 
 
 def test_quota_per_model_is_an_admins_to_set(mixed: Stack) -> None:
-    body = {"name": "sneaky", "gpu_models": [{"model": "H100", "guaranteed": 64}]}
+    body = {"name": "sneaky", "gpu_models": [{"model": "H100", "guaranteed": 64}],
+            "billing_weights": {"H100": 0.01}}
     r = httpx.post(f"{mixed.url}/v1/queues", json=body, timeout=30)
     assert r.status_code == 401, r.text
     auth = {"Authorization": f"Bearer {mixed.token}"}

@@ -114,6 +114,11 @@ class JobBuilder:
         self._job["gpu_models"] = m
         return self
 
+    def prices(self, **weights: float) -> JobBuilder:
+        """Billing weights per GPU model: ``prices(H100=4)``."""
+        self._job["gpu_prices"] = tuple(sorted(weights.items()))
+        return self
+
     def selector(self, **labels: str) -> JobBuilder:
         self._job["node_selector"] = labels
         return self

@@ -85,10 +85,11 @@ class Gateway:
             **spec.public(), "effective_tenant": fields.get("tenant", "")}))
 
     async def node(self, node_id: str, gpus: int = 8, gpu_memory_mib: int = 81_920,
-                   cpu_milli: int = 128_000, memory_mib: int = 1_048_576) -> None:
+                   cpu_milli: int = 128_000, memory_mib: int = 1_048_576,
+                   model: str = "H100") -> None:
         await self.apply(NodeRegistered(inventory=NodeInventory(
             node_id=node_id, cpu_milli=cpu_milli, memory_mib=memory_mib,
-            gpus=[GpuInfo(index=i, uuid=f"GPU-{node_id}-{i}", model="H100",
+            gpus=[GpuInfo(index=i, uuid=f"GPU-{node_id}-{i}", model=model,
                           memory_mib=gpu_memory_mib) for i in range(gpus)]),
             agent_started_at=utcnow()))
 

@@ -178,14 +178,51 @@ async def test_kairos_usage_prints_gpu_hours_per_tenant_and_queue(gw: Gateway) -
     assert code == 0, out
     assert "2025-01-06T08:00 .. 2025-01-07T08:00" in out
     row = next(ln for ln in out.splitlines() if "vision" in ln)
-    assert [c.strip() for c in row.split("│")[1:6]] == [
-        "vision", "default", "12.00", "0.00", "2"]
+    assert [c.strip() for c in row.split("│")[1:7]] == [
+        "vision", "default", "12.00", "0.00", "12.00", "2"]
     code, out = await asyncio.to_thread(cli, "usage", "--from", "2d")  # a duration back
     assert code == 0 and "vision" not in out  # nothing in the last two days
     code, out = await asyncio.to_thread(cli, "usage", "--from", "someday")
     assert code == 2 and "neither an ISO time nor a duration" in out
     code, out = await asyncio.to_thread(cli, "usage", "--tenant", "nlp")
     assert code == 1 and "error 403: this token sees only tenant vision's usage" in out
+
+
+async def test_usage_per_gpu_model_is_billed_at_each_queues_weights(gw: Gateway) -> None:
+    """Slurm's TRESBillingWeights per partition: the cohort prices an H100-hour at 4 and
+    an A100-hour at 2, its queue ``research`` overrides A100 to 3; the queue ``default``
+    prices nothing (each hour counts 1)."""
+    await gw.node("h1", gpus=8, model="NVIDIA H100 80GB HBM3")
+    await gw.node("a1", gpus=8, model="NVIDIA A100-SXM4-80GB", gpu_memory_mib=81_920)
+    await gw.node("v1", gpus=8, model="Tesla V100-SXM2-32GB", gpu_memory_mib=32_768)
+    await gw.queue("lab", kind="cohort", billing_weights={"H100": 4, "A100": 2})
+    await gw.queue("research", parent="lab", billing_weights={"A100-80GB": 3})
+    token = await gw.token("vision")
+    one_gpu = [{"name": "w", "resources": {"gpu": 1}}]
+    for node, hours in (("h1", 2), ("a1", 1), ("v1", 5)):
+        job = await gw.submit(token, spec(one_gpu, queue="research"))
+        await gw.status(job, JobState.RUNNING, at=at(0))
+        await gw.status(job, JobState.RUNNING, task="w-0", node=node, at=at(0))
+        await gw.status(job, JobState.SUCCEEDED, task="w-0", node=node, at=at(hours))
+        await gw.status(job, JobState.SUCCEEDED, at=at(hours))
+    plain = await gw.submit(token, spec(one_gpu))  # queue default: no weights
+    await gw.status(plain, JobState.RUNNING, task="w-0", node="h1", at=at(0))
+    await gw.status(plain, JobState.SUCCEEDED, task="w-0", node="h1", at=at(1))
+
+    report = await usage(gw, token, **{"from": at(0).isoformat(), "to": at(6).isoformat()})
+    queues = {q["queue"]: q for q in report["tenants"][0]["queues"]}
+    research = queues["research"]
+    assert research["gpu_hours"] == pytest.approx(8.0)
+    assert research["gpu_hours_by_model"] == {"H100-80GB": pytest.approx(2.0),
+                                              "A100-80GB": pytest.approx(1.0),
+                                              "V100-32GB": pytest.approx(5.0)}
+    assert research["billed_gpu_hours"] == pytest.approx(2 * 4 + 1 * 3 + 5 * 1)
+    assert queues["default"]["billed_gpu_hours"] == pytest.approx(1.0)
+    assert report["billed_gpu_hours"] == pytest.approx(17.0)
+    # another tenant sees none of it
+    other = await usage(gw, await gw.token("nlp"), **{"from": at(0).isoformat(),
+                                                      "to": at(6).isoformat()})
+    assert other["tenants"] == [] and other["billed_gpu_hours"] == 0
 
 
 async def test_the_migration_rebuilds_runs_from_the_recorded_history(db_url: str) -> None:

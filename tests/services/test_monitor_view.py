@@ -255,3 +255,31 @@ def test_cordoned_nodes_and_clearing_on_standing_down(m: Sampler) -> None:
     assert m.absent("kairos_jobs", state="pending")
     assert m.absent("kairos_cluster_gpus", state="total")
     assert m.absent("kairos_queue_pending_jobs", queue="research", tenant="vision")
+
+
+def test_gpus_per_model_and_billed_gpus_at_the_queues_inherited_weights(m: Sampler) -> None:
+    """The cohort prices an H100 at 4; its queue research inherits it: 3 H100s held and a
+    quarter of one count 13 billed GPUs, by model H100-80GB."""
+    v = view(m)
+    v.apply(node("m1", gpus=8), 0, 0)
+    v.apply(QueueChanged(queue="lab", change="created",
+                         settings={"name": "lab", "kind": "cohort",
+                                   "billing_weights": {"H100": 4}}), 0, 0)
+    v.apply(QueueChanged(queue="research", change="created",
+                         settings={"name": "research", "parent": "lab", "tenant": "vision"}),
+            0, 0)
+    v.apply(submitted("Q", 10), 10, 10)
+    v.apply(binding("Q", BindingAction.ALLOCATE,
+                    task("w-0", GpuAssignment(index=0), GpuAssignment(index=1),
+                         GpuAssignment(index=2))), 11, 11)
+    v.apply(submitted("S", 10), 10, 10)
+    v.apply(binding("S", BindingAction.ALLOCATE,
+                    task("w-0", GpuAssignment(index=3, memory_mib=20480, compute_pct=25),
+                         cpu=0, mem=0)), 11, 11)
+    v.export(now=12)
+    labels = {"queue": "research", "tenant": "vision"}
+    assert m("kairos_queue_gpus_by_model", **labels, model="H100-80GB") == 3.25
+    assert m("kairos_queue_billed_gpus", **labels) == 13.0
+    v.apply(status("Q", JobState.SUCCEEDED, task="w-0"), 20, 20)
+    v.export(now=21)
+    assert m("kairos_queue_billed_gpus", **labels) == 1.0

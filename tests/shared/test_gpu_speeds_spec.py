@@ -79,3 +79,28 @@ def test_task_affinity_becomes_the_cores_rules_between_roles() -> None:
 def test_a_bad_affinity_rule_is_refused(rule: dict[str, object], error: str) -> None:
     with pytest.raises(ValidationError, match=error):
         parse_job_spec({"name": "a", "tasks": [{"name": "w", "antiAffinity": [rule]}]})
+
+
+def narrowed(admitted: tuple[str, ...], weights: dict[str, float] | None = None, **extra: object
+             ):  # type: ignore[no-untyped-def]
+    return job_request(parse_job_spec(spec(**extra)), job_id="j", queue="q", tenant="t",
+                       user="u", submitted_at=datetime(2026, 1, 1, tzinfo=UTC), attempt=1,
+                       admitted_models=admitted, billing_weights=weights)
+
+
+def test_the_models_its_quota_admitted_it_for_narrow_where_it_may_run() -> None:
+    """``JobReady.gpu_models``: admitted against the A100 quota, a job asking [H100, A100]
+    may run on A100s only, keeping its preference ranks."""
+    req = narrowed(("A100-40GB", "A100-80GB", "A100"), gpuModel=["H100", "A100"])
+    assert req.gpu_models == ("A100-40GB", "A100-80GB", "A100")
+    assert req.gpu_model_ranks == (1, 1, 1)
+    assert narrowed(("V100-32GB",)).gpu_models == ("V100-32GB",)  # it named none
+    assert narrowed(()).gpu_models == ()
+
+
+def test_billing_weights_become_prices_per_model_name() -> None:
+    req = narrowed((), {"A100-80GB": 3.0, "H100": 4.0, "A100": 2.0})
+    prices = dict(req.gpu_prices)
+    assert prices["A100-80GB"] == 3.0 and prices["A100-40GB"] == 2.0  # the nearer, first
+    assert prices["H100-94GB"] == 4.0 and "V100-32GB" not in prices
+    assert narrowed(()).gpu_prices == ()

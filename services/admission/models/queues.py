@@ -20,6 +20,8 @@ from shared.queuespec import (
 MODEL_QUOTAS = ("GPU quota per model (H100, A100-80GB), in the order its jobs try them: "
                 "a GPU job of a tree that names models is admitted against the first with "
                 "room and runs on that model")
+BILLING = ("what one GPU-hour of a model counts as in usage and fair share ({H100: 4, "
+           "V100: 1}), inherited from its parent model by model; a model none names counts 1")
 
 
 class Usage(BaseModel):
@@ -40,6 +42,7 @@ class QueueOut(BaseModel):
     borrowing_limit: Amount | None
     lending_limit: Amount | None
     gpu_models: list[ModelQuota] | None = Field(None, description=MODEL_QUOTAS)
+    billing_weights: dict[str, float] | None = Field(None, description=BILLING)
     description: str = ""
     used: Usage = Field(description="what its admitted jobs (and its children's) reserve")
     used_by_model: dict[str, float] = Field(default_factory=dict, description=(
@@ -65,6 +68,7 @@ class QueueIn(BaseModel):
     lending_limit: Amount | None = None
     gpu_models: list[ModelQuota] | None = Field(None, max_length=MAX_MODEL_QUOTAS,
                                                 description=MODEL_QUOTAS)
+    billing_weights: dict[str, float] | None = Field(None, max_length=32, description=BILLING)
     weight: float = Field(1.0, gt=0)
     state: QueueState = QueueState.OPEN
     strategy: Literal["best_effort", "strict"] = "best_effort"
@@ -82,6 +86,8 @@ class QueuePatch(BaseModel):
     lending_limit: Amount | None = None
     gpu_models: list[ModelQuota] | None = Field(None, max_length=MAX_MODEL_QUOTAS,
                                                 description=MODEL_QUOTAS + "; null clears them")
+    billing_weights: dict[str, float] | None = Field(None, max_length=32, description=(
+        BILLING + "; null clears them"))
     weight: float | None = Field(None, gt=0)
     strategy: Literal["best_effort", "strict"] | None = None
     description: str | None = Field(None, max_length=500)
@@ -105,6 +111,7 @@ def queue_out(row: dict[str, Any]) -> QueueOut:
         strategy=s.get("strategy", "best_effort"), weight=s.get("weight", 1.0),
         guaranteed=s.get("guaranteed"), borrowing_limit=s.get("borrowing_limit"),
         lending_limit=s.get("lending_limit"), gpu_models=s.get("gpu_models"),
+        billing_weights=s.get("billing_weights"),
         description=s.get("description", ""),
         used=usage(st.get("used")), borrowed=usage(st.get("borrowed")),
         used_by_model=st.get("used_by_model") or {},

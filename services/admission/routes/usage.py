@@ -1,7 +1,8 @@
 """GET /v1/usage: GPU-hours per tenant and per queue over a time range.
 
 Counted from the task replicas' running intervals (``services.admission.usage``) clipped
-to the range: whole GPUs by their count, a GPU share by its fraction. A `user` token
+to the range: whole GPUs by their count, a GPU share by its fraction; per GPU model, and
+billed at each queue's weights per model as they are now (``shared/billing.py``). A `user` token
 sees its own tenant; an admin every tenant, or one with ``?tenant=``.
 """
 
@@ -12,9 +13,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, status
 
-from services.admission import usage
+from services.admission import queues_view, usage
 from services.admission.deps import Caller, EngineDep
 from services.admission.models.usage import QueueUsage, TenantUsage, UsageReport
+from services.admission.queue_check import queue_specs
+from shared.billing import effective_weights, weight_of
 
 router = APIRouter()
 DEFAULT_RANGE = timedelta(days=1)
@@ -53,16 +56,26 @@ async def get_usage(
             "field": "query.from", "type": "value_error",
             "message": f"from ({start.isoformat()}) must be before to ({end.isoformat()})"}])
     _, rows = await usage.gpu_hours(engine, start, end, tenant)
+    specs = queue_specs(await queues_view.list_queues(engine, None))
     tenants: dict[str, TenantUsage] = {}
-    for r in rows:
+    queues: dict[tuple[str, str], QueueUsage] = {}
+    for r in rows:  # one row per (tenant, queue, GPU model)
         t = tenants.setdefault(r["tenant"], TenantUsage(
             tenant=r["tenant"], gpu_hours=0.0, shared_gpu_hours=0.0, runs=0, queues=[]))
-        q = QueueUsage(queue=r["queue"], gpu_hours=round(float(r["gpu_hours"]), 6),
-                       shared_gpu_hours=round(float(r["shared_gpu_hours"]), 6),
-                       runs=int(r["runs"]))
-        t.queues.append(q)
-        t.gpu_hours = round(t.gpu_hours + q.gpu_hours, 6)
-        t.shared_gpu_hours = round(t.shared_gpu_hours + q.shared_gpu_hours, 6)
-        t.runs += q.runs
+        q = queues.get((r["tenant"], r["queue"]))
+        if q is None:
+            q = queues[r["tenant"], r["queue"]] = QueueUsage(
+                queue=r["queue"], gpu_hours=0.0, shared_gpu_hours=0.0, runs=0)
+            t.queues.append(q)
+        hours, model = float(r["gpu_hours"]), r["gpu_model"] or ""
+        billed = hours * weight_of(effective_weights(specs, r["queue"]), model)
+        q.gpu_hours_by_model[model] = round(q.gpu_hours_by_model.get(model, 0.0) + hours, 6)
+        for acc in (q, t):
+            acc.gpu_hours = round(acc.gpu_hours + hours, 6)
+            acc.shared_gpu_hours = round(acc.shared_gpu_hours + float(r["shared_gpu_hours"]), 6)
+            acc.billed_gpu_hours = round(acc.billed_gpu_hours + billed, 6)
+            acc.runs += int(r["runs"])
     return UsageReport(from_=start, to=end, tenants=list(tenants.values()),
-                       gpu_hours=round(sum(t.gpu_hours for t in tenants.values()), 6))
+                       gpu_hours=round(sum(t.gpu_hours for t in tenants.values()), 6),
+                       billed_gpu_hours=round(sum(t.billed_gpu_hours
+                                                  for t in tenants.values()), 6))

@@ -1,5 +1,5 @@
 """``kairos nodes`` (nodes with their GPUs and allocation) and ``kairos node
-cordon|drain|uncordon NODE`` (admin)."""
+cordon|drain|uncordon|label|taint NODE`` (admin)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Annotated, Any
 
 import typer
 
-from kairos.cli_common import TokenOpt, UrlOpt, client, console, request
+from kairos.cli_common import TokenOpt, UrlOpt, client, console, err, request
 from kairos.cli_output import Col, OutputOpt, field, show, timestamp
 
-node_app = typer.Typer(help="Node operations (admin): cordon, drain, uncordon.",
+node_app = typer.Typer(help="Node operations (admin): cordon, drain, uncordon, label, taint.",
                        no_args_is_help=True, rich_markup_mode="markdown")
 
 ReasonOpt = Annotated[str, typer.Option(help="why (shown by `kairos nodes`)")]
@@ -40,14 +40,17 @@ def _model(n: dict[str, Any]) -> str:
 
 
 def _labels(n: dict[str, Any]) -> str:
-    """The node's own labels (those the platform sets are in other columns)."""
-    own = {k: v for k, v in n["inventory"].get("labels", {}).items()
+    """The node's own labels, its agent's and an admin's (those the platform sets are in
+    other columns)."""
+    own = {k: v for k, v in {**n["inventory"].get("labels", {}),
+                             **(n.get("admin_labels") or {})}.items()
            if not k.startswith("kairos.io/")}
     return ",".join(f"{k}={v}" for k, v in sorted(own.items())) or "-"
 
 
 def _taints(n: dict[str, Any]) -> str:
-    return ",".join(n["inventory"].get("taints") or []) or "-"
+    every = dict.fromkeys([*(n["inventory"].get("taints") or []), *(n.get("admin_taints") or [])])
+    return ",".join(every) or "-"
 
 
 NODE_COLUMNS = (
@@ -102,3 +105,63 @@ def drain(
 def uncordon(node_id: str, url: UrlOpt = None, token: TokenOpt = None) -> None:
     """Let NODE take new work again."""
     _command("uncordon", node_id, {}, url, token)
+
+
+def _node(c: Any, node_id: str) -> dict[str, Any]:
+    found = [n for n in request(c, "GET", "/v1/nodes") if n["node_id"] == node_id]
+    if not found:
+        err.print(f"[red]no node {node_id}[/]")
+        raise typer.Exit(1)
+    return found[0]
+
+
+def _changes(items: list[str], what: str) -> tuple[dict[str, str], set[str]]:
+    """``key=value`` to set and ``key-`` to remove, as kubectl writes them."""
+    sets: dict[str, str] = {}
+    removes: set[str] = set()
+    for item in items:
+        if item.endswith("-"):
+            removes.add(item[:-1])
+        elif what == "label" and "=" in item:
+            key, _, value = item.partition("=")
+            sets[key] = value
+        elif what == "taint":
+            sets[item] = ""
+        else:
+            err.print(f"[red]{item}[/]: give key=value to set, key- to remove")
+            raise typer.Exit(2)
+    return sets, removes
+
+
+def _show_labels(out: dict[str, Any]) -> None:
+    labels = ",".join(f"{k}={v}" for k, v in sorted(out["labels"].items())) or "-"
+    console.print(f"node [bold]{out['node_id']}[/]: labels {labels}; taints "
+                  f"{','.join(out['taints']) or '-'} (generation {out['generation']})")
+
+
+@node_app.command("label")
+def label(node_id: str, changes: Annotated[list[str], typer.Argument(
+              help="key=value to set, key- to remove")],
+          url: UrlOpt = None, token: TokenOpt = None) -> None:
+    """Set or remove an admin's labels on NODE (like kubectl label); jobs reach them
+    with nodeSelector. The agent's own labels stay."""
+    sets, removes = _changes(changes, "label")
+    with client(url, token) as c:
+        current = dict(_node(c, node_id).get("admin_labels") or {})
+        labels = {k: v for k, v in {**current, **sets}.items() if k not in removes}
+        _show_labels(request(c, "PUT", f"/v1/nodes/{node_id}/labels", json={"labels": labels}))
+
+
+@node_app.command("taint")
+def taint(node_id: str, changes: Annotated[list[str], typer.Argument(
+              help="key=value:Effect to add; key- or key=value:Effect- to remove")],
+          url: UrlOpt = None, token: TokenOpt = None) -> None:
+    """Add or remove an admin's taints on NODE (like kubectl taint): NoSchedule keeps
+    out jobs that do not tolerate it; what runs there goes on."""
+    sets, removes = _changes(changes, "taint")
+    with client(url, token) as c:
+        current = list(_node(c, node_id).get("admin_taints") or [])
+        kept = [t for t in current if t not in removes
+                and t.partition("=")[0].partition(":")[0] not in removes]
+        taints = list(dict.fromkeys([*kept, *sets]))
+        _show_labels(request(c, "PUT", f"/v1/nodes/{node_id}/taints", json={"taints": taints}))

@@ -51,9 +51,9 @@ BINDINGS = Topic(
 NODES_LIFECYCLE = Topic(
     "nodes.lifecycle", "node id", 16, 7 * DAY_MS,
     (ev.NodeRegistered, ev.NodeHeartbeat, ev.NodeLost, ev.NodeCommand,
-     ev.NodeSchedulingChanged),
-    "Node registration (inventory), heartbeats, node.lost, and cordon / drain / uncordon "
-    "(the operator's command and the scheduler's answer).",
+     ev.NodeSchedulingChanged, ev.NodeLabels),
+    "Node registration (inventory), heartbeats, node.lost, cordon / drain / uncordon "
+    "(the operator's command and the scheduler's answer), and an admin's labels and taints.",
 )
 NODES_TELEMETRY = Topic(
     "nodes.telemetry", "node id", 16, 1 * DAY_MS, (ev.NodeTelemetry,),

@@ -122,8 +122,8 @@ class SchedulerService:
                 "SELECT job_id FROM sched_jobs WHERE state IN ('succeeded', 'failed', 'cancelled')"
             ))).all() if x not in self.state.jobs)
             for r in (await conn.execute(text(
-                    "SELECT node_id, inventory, state, cordon, cordon_generation, cordon_reason"
-                    " FROM sched_nodes"))).mappings():
+                    "SELECT node_id, inventory, state, cordon, cordon_generation, cordon_reason,"
+                    " admin_labels, admin_taints, labels_generation FROM sched_nodes"))).mappings():
                 self.state.nodes[r["node_id"]] = node_from_row(NodeRow(**r))
             if self.state.history is not None:  # a new leader learns what its rows say
                 await self.state.history.load(conn, self.history_first_read)
@@ -213,13 +213,18 @@ class SchedulerService:
             if nodes:
                 await conn.execute(text(
                     """INSERT INTO sched_nodes (node_id, inventory, state, cordon,
-                           cordon_generation, cordon_reason)
+                           cordon_generation, cordon_reason, admin_labels, admin_taints,
+                           labels_generation)
                        VALUES (:node_id, CAST(:inventory AS jsonb), :state, :cordon,
-                           :cordon_generation, :cordon_reason)
+                           :cordon_generation, :cordon_reason, CAST(:admin_labels AS jsonb),
+                           CAST(:admin_taints AS jsonb), :labels_generation)
                        ON CONFLICT (node_id) DO UPDATE SET inventory = EXCLUDED.inventory,
                            state = EXCLUDED.state, cordon = EXCLUDED.cordon,
                            cordon_generation = EXCLUDED.cordon_generation,
-                           cordon_reason = EXCLUDED.cordon_reason, updated_at = now()"""),
+                           cordon_reason = EXCLUDED.cordon_reason,
+                           admin_labels = EXCLUDED.admin_labels,
+                           admin_taints = EXCLUDED.admin_taints,
+                           labels_generation = EXCLUDED.labels_generation, updated_at = now()"""),
                     [node_row(v) for v in nodes])
         return stored
 

@@ -159,6 +159,9 @@ class NodeView:
     cordon_generation: int = 0  # of the last command applied (replays are ignored)
     cordon_reason: str = ""
     drained: bool = False  # draining and nothing of ours runs there any more (announced)
+    admin_labels: dict[str, str] = field(default_factory=dict)  # an admin's, over the agent's
+    admin_taints: tuple[str, ...] = ()  # an admin's, beside the agent's
+    labels_generation: int = 0  # of the last admin change applied (replays are ignored)
     datasets: frozenset[str] | None = None  # from heartbeats; None = the inventory's
 
     def current_datasets(self) -> frozenset[str]:

@@ -15,6 +15,7 @@ from shared.events import (
     NodeAction,
     NodeCommand,
     NodeHeartbeat,
+    NodeLabels,
     NodeLost,
     NodeRegistered,
     NodeSchedulingChanged,
@@ -113,6 +114,22 @@ class NodeOps:
             self._drain(cmd.node_id, cmd.grace_period_s, out)
         self._announce(view, out)
         self.check_drained(cmd.node_id, out)
+
+    def on_labels(self, ev: NodeLabels, out: Output) -> None:
+        """An admin's labels and taints for a node: the whole set, newest generation wins;
+        kept through re-registrations (``on_registered`` keeps the view)."""
+        view = self.cluster.nodes.get(ev.node_id)
+        if view is None:
+            log.warning("node labels for an unknown node ignored", node=ev.node_id)
+            return
+        if ev.generation <= view.labels_generation:
+            return  # a replay (or an older change delivered late)
+        view.admin_labels, view.admin_taints = dict(ev.labels), tuple(ev.taints)
+        view.labels_generation = ev.generation
+        self.cluster.nodes_changed()
+        out.dirty_nodes.add(ev.node_id)
+        log.info("node labels applied", node=ev.node_id, labels=ev.labels, taints=ev.taints,
+                 by=ev.requested_by)
 
     def _drain(self, node_id: str, grace_s: float, out: Output) -> None:
         """Stop every job with a task of its current attempt there, gracefully

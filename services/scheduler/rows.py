@@ -7,6 +7,7 @@ as JSON text, from the event models) and read back from ``jsonb`` as decoded obj
 
 from __future__ import annotations
 
+import json
 from typing import Any, TypedDict
 
 from services.scheduler.model import NodeView, Placed, SchedJob, Stopping
@@ -52,6 +53,9 @@ class NodeRow(TypedDict):
     cordon: str
     cordon_generation: int
     cordon_reason: str
+    admin_labels: Any  # JSON text written, a decoded object read back
+    admin_taints: Any
+    labels_generation: int
 
 
 def job_row(job: SchedJob) -> JobRow:
@@ -112,10 +116,20 @@ def _stopping_of(meta: JobMeta) -> Stopping | None:
 def node_row(view: NodeView) -> NodeRow:
     return NodeRow(node_id=view.inventory.node_id, inventory=view.inventory.model_dump_json(),
                    state="lost" if view.lost else "ready", cordon=view.cordon,
-                   cordon_generation=view.cordon_generation, cordon_reason=view.cordon_reason)
+                   cordon_generation=view.cordon_generation, cordon_reason=view.cordon_reason,
+                   admin_labels=json.dumps(view.admin_labels),
+                   admin_taints=json.dumps(list(view.admin_taints)),
+                   labels_generation=view.labels_generation)
 
 
 def node_from_row(row: NodeRow) -> NodeView:
     return NodeView(NodeInventory.model_validate(row["inventory"]), lost=row["state"] == "lost",
                     cordon=row["cordon"], cordon_generation=row["cordon_generation"],
-                    cordon_reason=row["cordon_reason"])
+                    cordon_reason=row["cordon_reason"],
+                    admin_labels=dict(_decoded(row.get("admin_labels")) or {}),
+                    admin_taints=tuple(_decoded(row.get("admin_taints")) or ()),
+                    labels_generation=int(row.get("labels_generation") or 0))
+
+
+def _decoded(v: Any) -> Any:
+    return json.loads(v) if isinstance(v, str) else v

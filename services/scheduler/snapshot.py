@@ -39,8 +39,8 @@ def core_node(n: NodeView) -> Node:
         gpus=[GpuSlot(g.index, g.uuid, model_id(g.model, g.memory_mib), g.memory_mib,
                       g.nvlink_domain, healthy=g.index not in n.degraded_gpus)
               for g in n.inventory.gpus],
-        labels=dict(n.inventory.labels),
-        taints=hard_taints(n.inventory.taints),
+        labels={**n.inventory.labels, **n.admin_labels},
+        taints=hard_taints([*n.inventory.taints, *n.admin_taints]),
         rack=n.inventory.rack,
         schedulable=not n.lost and not n.cordon,
         cordoned=bool(n.cordon),

@@ -17,6 +17,7 @@ from shared.events.jobs import JobCommand, JobReady, JobStatus, JobSubmitted, Jo
 from shared.events.nodes import (
     NodeCommand,
     NodeHeartbeat,
+    NodeLabels,
     NodeLost,
     NodeRegistered,
     NodeSchedulingChanged,
@@ -40,6 +41,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         NodeHeartbeat,
         NodeLost,
         NodeCommand,
+        NodeLabels,
         NodeSchedulingChanged,
         NodeTelemetry,
         QueueChanged,

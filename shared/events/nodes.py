@@ -95,6 +95,23 @@ class NodeCommand(Event):
         return self.node_id
 
 
+class NodeLabels(Event):
+    """An admin's labels and taints for a node (admission, through its outbox): the whole
+    set, beside what its agent reports; ``generation`` rises with every change for the
+    node, so a replay or a late older change is ignored. Kept by the scheduler across
+    restarts and re-registrations."""
+
+    TYPE: ClassVar[str] = "node.labels"
+    node_id: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    taints: list[str] = Field(default_factory=list, description="key=value:Effect")
+    generation: int = 0
+    requested_by: str = ""
+
+    def key(self) -> str:
+        return self.node_id
+
+
 class NodeSchedulability(StrEnum):
     SCHEDULABLE = "schedulable"
     CORDONED = "cordoned"  # nothing new is placed there

@@ -364,3 +364,48 @@ def test_quota_per_model_is_an_admins_to_set(mixed: Stack) -> None:
     r = httpx.post(f"{mixed.url}/v1/queues", headers=auth, timeout=30, json={
         "name": "bad-models", "gpu_models": [{"model": "H1000", "guaranteed": 1}]})
     assert r.status_code == 422 and "unknown GPU model" in r.text, r.text
+
+
+def test_an_admins_labels_and_taints_place_jobs_and_survive_a_scheduler_restart(
+        mixed: Stack) -> None:
+    """``kairos node label volta0-0 team=vision`` and ``kairos node taint hopper0-0
+    maintenance=true:NoSchedule``: a job selecting the label lands on the V100s, plain
+    jobs stay off the tainted H100s, and so it stays after the scheduler is killed
+    (SIGKILL) and restarted; removing the taint lets jobs back."""
+    import os
+    import signal
+
+    from typer.testing import CliRunner
+
+    from kairos.cli import app
+
+    def cli(*args: str) -> str:
+        out = CliRunner().invoke(app, [*args, "--url", mixed.url, "--token", mixed.token or ""])
+        assert out.exit_code == 0, out.output
+        return out.output
+
+    assert "labels team=vision" in cli("node", "label", NODE_OF["volta"], "team=vision")
+    assert "maintenance=true:NoSchedule" in cli("node", "taint", NODE_OF["hopper"],
+                                                "maintenance=true:NoSchedule")
+    try:
+        for _ in range(2):
+            assert ran_on(mixed, job(nodeSelector={"team": "vision"})) == NODE_OF["volta"]
+            assert ran_on(mixed, job()) == NODE_OF["volta"]  # hopper tainted, ampere too
+        scheduler = mixed.proc("scheduler")
+        old = scheduler.popen.pid
+        os.kill(old, signal.SIGKILL)
+        wait_for(lambda: scheduler.popen.pid != old, 90, "the scheduler restarted")
+        for _ in range(2):
+            assert ran_on(mixed, job()) == NODE_OF["volta"]
+            assert ran_on(mixed, job(nodeSelector={"team": "vision"})) == NODE_OF["volta"]
+        assert ran_on(mixed, job(gpuModel="H100", tolerations=[
+            {"key": "maintenance", "operator": "Exists"}])) == NODE_OF["hopper"]
+    finally:
+        cli("node", "taint", NODE_OF["hopper"], "maintenance-")
+        cli("node", "label", NODE_OF["volta"], "team-")
+    nodes = {n["node_id"]: n for n in httpx.get(
+        f"{mixed.url}/v1/nodes", timeout=30,
+        headers={"Authorization": f"Bearer {mixed.token}"}).json()}
+    assert nodes[NODE_OF["hopper"]]["admin_taints"] == [] \
+        and nodes[NODE_OF["volta"]]["admin_labels"] == {}
+    assert ran_on(mixed, job(gpuModel="H100")) == NODE_OF["hopper"]  # back in use

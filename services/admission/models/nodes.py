@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from services.admission.node_health import GpuHealthOut
 from shared.events import NodeAction, NodeSchedulability
+from shared.node_constraints import LabelKey, LabelValue, parse_taint
 
 
 class NodeOut(BaseModel):
@@ -26,6 +27,56 @@ class NodeOut(BaseModel):
     gpu_health: list[GpuHealthOut] = Field(
         default_factory=list, description="the GPUs the node's agent reports not healthy, "
         "with the telemetry that said so; empty when all are healthy")
+    admin_labels: dict[str, str] = Field(default_factory=dict, description=(
+        "an admin's labels (kairos node label), over the agent's in inventory.labels"))
+    admin_taints: list[str] = Field(default_factory=list, description=(
+        "an admin's taints (kairos node taint), beside the agent's in inventory.taints"))
+
+
+RESERVED = "kairos.io/"  # the labels the platform sets from the node's inventory
+
+
+class NodeLabelsIn(BaseModel):
+    """The whole set of an admin's labels for a node (what is not named is removed)."""
+
+    model_config = {"extra": "forbid"}
+    labels: dict[LabelKey, LabelValue] = Field(max_length=64, description=(
+        "key: value, as Kubernetes labels; kairos.io/ keys are the platform's own"))
+
+    @field_validator("labels")
+    @classmethod
+    def _not_reserved(cls, v: dict[str, str]) -> dict[str, str]:
+        taken = [k for k in v if k.startswith(RESERVED)]
+        if taken:
+            raise ValueError(f"{', '.join(taken)}: {RESERVED} labels come from the node's "
+                             "inventory and cannot be set")
+        return v
+
+
+class NodeTaintsIn(BaseModel):
+    """The whole set of an admin's taints for a node (what is not named is removed)."""
+
+    model_config = {"extra": "forbid"}
+    taints: list[Annotated[str, Field(max_length=400)]] = Field(max_length=32, description=(
+        "key=value:Effect as kubectl taint writes them (NoSchedule, PreferNoSchedule, "
+        "NoExecute)"))
+
+    @field_validator("taints")
+    @classmethod
+    def _valid(cls, v: list[str]) -> list[str]:
+        out: dict[str, None] = {}
+        for t in v:
+            kv, effect = parse_taint(t)  # a ValueError names what is wrong
+            out[f"{kv}:{effect}"] = None
+        return list(out)
+
+
+class NodeLabelsOut(BaseModel):
+    node_id: str
+    labels: dict[str, str] = Field(description="the admin's labels now")
+    taints: list[str] = Field(description="the admin's taints now")
+    generation: int = Field(description="rises with every change of this node's labels")
+    requested_by: str
 
 
 class NodeCommandIn(BaseModel):
@@ -61,4 +112,5 @@ def node_out(row: dict[str, Any], tenant: str | None) -> NodeOut:
                      else {"gpus": a["gpus"]} for a in row["allocations"]],
         scheduling=row.get("scheduling", "schedulable"),
         scheduling_reason=row.get("scheduling_reason", ""),
-        gpu_health=row.get("gpu_health") or [])
+        gpu_health=row.get("gpu_health") or [],
+        admin_labels=row.get("admin_labels") or {}, admin_taints=row.get("admin_taints") or [])

@@ -43,7 +43,8 @@ _ACTIVE = text(f"SELECT {_COLUMNS} FROM sched_jobs WHERE {_TERMINAL}")
 _BY_ID = text(f"SELECT {_COLUMNS}, {_HOLDS} AS holds,"
               " extract(epoch FROM updated_at)::float8 AS ended_at"
               " FROM sched_jobs WHERE job_id = ANY(CAST(:ids AS text[]))")
-_NODES = text("SELECT node_id, inventory, state, cordon, cordon_generation, cordon_reason"
+_NODES = text("SELECT node_id, inventory, state, cordon, cordon_generation, cordon_reason,"
+              " admin_labels, admin_taints, labels_generation"
               " FROM sched_nodes ORDER BY node_id")  # a stable order: ties break alike each round
 # admitted by nothing yet: queueing holds it until its queue has quota
 _QUEUED = text("SELECT job_id, queue, tenant, event FROM queue_jobs WHERE state = 'queued'"

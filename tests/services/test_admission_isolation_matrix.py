@@ -109,6 +109,12 @@ CASES: dict[tuple[str, str], Case] = {
         "/v1/nodes/n-drain/drain", users(202), detail=ADMIN_DETAIL),
     ("POST", "/v1/nodes/{node_id}/uncordon"): Case(
         "/v1/nodes/n-uncordon/uncordon", users(202), detail=ADMIN_DETAIL),
+    ("PUT", "/v1/nodes/{node_id}/labels"): Case(
+        "/v1/nodes/n-cordon/labels", users(200), {"labels": {"team": "vision"}},
+        detail=ADMIN_DETAIL),
+    ("PUT", "/v1/nodes/{node_id}/taints"): Case(
+        "/v1/nodes/n-cordon/taints", users(200), {"taints": ["team=vision:NoSchedule"]},
+        detail=ADMIN_DETAIL),
     ("GET", "/v1/me"): Case("/v1/me", dict.fromkeys(ROLES, 200), own_tenant=True),
     ("POST", "/v1/tokens"): Case("/v1/tokens", users(201), {"tenant": "vision"},
                                  detail=ADMIN_DETAIL),

@@ -212,6 +212,12 @@ class SchedulerConfig(BaseModel):
         args = self._action_args("elastic")
         return args if isinstance(args, ElasticArgs) else None
 
+    def decay_half_life_s(self) -> float:
+        """The fair-share plugin's ``half_life_s``: past use counts beside current shares
+        (0: it does not, or no fair share); the caller keeps the ``DecayedUsage``."""
+        return next((float(p.args.get("half_life_s", 0.0)) for p in self.plugins
+                     if p.name == "fairshare"), 0.0)
+
     def _migrates(self) -> bool:
         """The throughput plugin is on and moves jobs to faster GPUs (its ``migrate``)."""
         return any(p.name == "throughput" and p.args.get("migrate", True) for p in self.plugins)

@@ -62,3 +62,4 @@ def past_share(gpu_s: float, capacity_gpus: float, half_life_s: float) -> float:
     if capacity_gpus <= 0 or half_life_s <= 0:
         return 0.0
     return gpu_s / (capacity_gpus * half_life_s / LN2)
+

@@ -192,6 +192,9 @@ class Cycle:
         self.alloc_run: IntArray = np.zeros(0, dtype=np.int64)  # position in running, -1: none
         self.run_cols: FloatArray = np.zeros((RUN_FIELDS, 0))  # the running jobs' RunTable numbers
         self.usage: dict[str, Resources] = {}  # per tenant, running + placed this cycle
+        # per tenant, its decayed past use as a share of the GPUs (scheduling/decay.py;
+        # empty without a half-life): fair share's key and priority's fairshare_weight
+        self.past_share: dict[str, float] = {}
         self.capacity = Resources()
         self._runs: RunTable | None = None
         # the pending jobs' numbers, one column per job in the order of the JobInfo list

@@ -322,6 +322,9 @@ class Snapshot:
     quotas: tuple[Quota, ...] = ()  # empty: no quota admission in the core
     telemetry: Mapping[str, tuple[GpuStats, ...]] = field(default_factory=dict)  # by node id
     task_mix: tuple[TaskShape, ...] = ()  # FGD's workload; empty: derived from the snapshot
+    # each tenant's past GPU use, GPU-seconds decayed to ``now`` (scheduling/decay.py):
+    # fair share adds it to current shares when its half_life_s is set
+    past_usage: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

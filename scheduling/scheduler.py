@@ -21,6 +21,7 @@ import numpy as np
 from scheduling import jobcols as jc
 from scheduling.actions import Action, build_actions
 from scheduling.config import SchedulerConfig
+from scheduling.decay import past_share
 from scheduling.diagnosis import blame_cordon, name_blockers
 from scheduling.framework import Cycle, JobInfo, Plugin, overrides
 from scheduling.model import JobRequest, Plan, Snapshot
@@ -53,6 +54,7 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig | None = None) -> None:
         self.config = config or SchedulerConfig()
+        self._half_life_s = self.config.decay_half_life_s()  # fair share over decayed past use
         self.plugins: list[Plugin] = self.config.build_plugins()
         self.by_name = {p.name: p for p in self.plugins}
         self.hooks: dict[str, list[Plugin]] = {h: [p for p in self.plugins if overrides(p, h)] for h in HOOKS}
@@ -96,6 +98,9 @@ class Scheduler:
         """The cycle's arrays and running jobs, every plugin opened (phase 1 alone)."""
         cycle = self.cache.cycle(snapshot, self.config.seed)
         self.cache.add_running(cycle)
+        if snapshot.past_usage and self._half_life_s > 0:
+            cycle.past_share = {t: past_share(u, cycle.capacity.gpu, self._half_life_s)
+                                for t, u in snapshot.past_usage.items()}
         for p in self.plugins:
             p.open(cycle)
         return cycle

@@ -42,6 +42,7 @@ from scheduling import (
     Snapshot,
     TaskRequest,
 )
+from scheduling.decay import DecayedUsage
 from scheduling.estimates import DurationHistory
 from scheduling.speeds import SpeedHistory
 from sim.traces import TraceJob
@@ -142,6 +143,8 @@ class Simulation:
         self.nodes = nodes
         self.trace = sorted(jobs, key=lambda j: j.submit_s)
         self.sched = Scheduler(config)
+        half_life = config.decay_half_life_s()  # fair share over decayed past use
+        self.decay = DecayedUsage(half_life) if half_life > 0 else None
         self.s = settings or SimSettings()
         self.on_progress = on_progress
         self.history = DurationHistory()  # what "history" estimates learn from (scheduling.estimates)
@@ -318,7 +321,8 @@ class Simulation:
         if self.s.speeds == "learned":
             self._learned()
         pending = tuple(map(_REQUEST, self.pending.values()))
-        return Snapshot(now, self.nodes, allocs, pending, running)
+        past = self.decay.advance(now) if self.decay is not None else {}
+        return Snapshot(now, self.nodes, allocs, pending, running, past_usage=past)
 
     def _learned(self) -> None:
         """Waiting jobs carry what their class's speeds are now."""
@@ -346,6 +350,11 @@ class Simulation:
 
     def _cycle(self, now: float) -> None:
         self._apply(self.sched.schedule(self.snapshot(now)), now)
+        if self.decay is not None:  # what each tenant holds until the next cycle
+            held: dict[str, float] = {}
+            for jr in self.runs.values():
+                held[jr.trace.tenant] = held.get(jr.trace.tenant, 0.0) + jr.gpus
+            self.decay.hold(held)
 
     def _apply(self, plan: Plan, now: float) -> None:
         for p in plan.preemptions:

@@ -3,7 +3,9 @@
 Ordering uses each job's *projected* dominant share: its tenant's share after the
 tenant's earlier jobs in the queue and this one were placed. Sorting on it interleaves
 tenants as progressive filling would, without re-sorting after every bind. GPUs count
-at their billing weights where jobs carry them (``scheduling/billing.py``).
+at their billing weights where jobs carry them (``scheduling/billing.py``); with a
+``half_life_s``, each tenant's decayed past use counts beside its current share
+(``scheduling/decay.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ class FairShareArgs(BaseModel):
     reclaim: bool = Field(True, description="a tenant within its nominal quota may preempt borrowers")
     drf_preempt: bool = Field(False, description="preempt jobs of tenants above the preemptor's share")
     weights: dict[str, float] = Field(default_factory=dict, description="tenant weights without a Quota")
+    half_life_s: float = Field(0.0, ge=0, description=(
+        "past usage decays by half in this time and counts beside current shares "
+        "(Slurm's PriorityDecayHalfLife); 0: current shares only"))
 
 
 @register
@@ -69,6 +74,9 @@ class FairShare(Plugin):
         cap = np.asarray(cycle.capacity.as_tuple())
         after = used[t_sorted] + cum - offset
         share = np.max(np.where(cap > 0, after / np.where(cap > 0, cap, 1.0), 0.0), axis=1) / weight[t_sorted]
+        if cycle.past_share:  # the decayed past, as a share of the GPUs (half_life_s)
+            was = np.asarray([cycle.past_share.get(t, 0.0) for t in names])
+            share = share + (was / weight)[t_sorted]
         out = np.empty(n)
         out[order] = share
         return [out]

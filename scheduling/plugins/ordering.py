@@ -45,6 +45,10 @@ class PriorityArgs(BaseModel):
                             "submitted after it, and put after it in the order, have started while it "
                             "waited (it is kept out by its shape, not its rank), and it has waited as "
                             "long as FIFO would still make it wait (fifo_ahead's estimate)")
+    fairshare_weight: float = Field(0.0, ge=0, description="points a tenant's jobs lose per unit of "
+                                    "its decayed past share of the GPUs (with fairshare's half_life_s; "
+                                    "Slurm's PriorityWeightFairshare): at 100, a tenant that held the whole "
+                                    "cluster lately waits two hours of aging behind one that held nothing")
     hold_line: bool = Field(True, description="a starved job that cannot start and has no reservation "
                             "stops every job after it (false: later jobs that fit still start, as in FIFO)")
     parallelism_weight: float = Field(0.0, description="points per log2(1 + GPUs); <0 favours small")
@@ -180,6 +184,9 @@ class Priority(Plugin):
         submit = c[jc.SUBMIT]
         wait = waited(cycle)
         prio = c[jc.STATIC] + a.aging_per_hour * wait / 3600.0 + a.parallelism_weight * np.log2(1.0 + c[jc.GPUS])
+        if a.fairshare_weight > 0 and cycle.past_share:
+            prio = prio - a.fairshare_weight * np.fromiter(
+                (cycle.past_share.get(i.job.tenant, 0.0) for i in jobs), float, len(jobs))
         bound = self.bound(cycle, float(wait.max(initial=0.0)))
         starved = wait >= bound
         run_starved = None

@@ -13,9 +13,10 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge, Histogram
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from scheduling import PendingReason, Plan, PreemptReason, ResizeReason, Scheduler, SchedulerConfig
+from scheduling.decay import DecayedUsage
 from services.scheduler.history import JobHistory
 from services.scheduler.model import Output
 from services.scheduler.rows import JobRow, NodeRow, node_from_row, node_row
@@ -35,6 +36,7 @@ from shared.topics import JOBS_COMMANDS, JOBS_READY, JOBS_STATUS, NODES_LIFECYCL
 
 log = get_logger(__name__)
 
+USAGE_SAVE_S = 30.0  # fair share's decayed past is stored at most this often
 CYCLE_SECONDS = Histogram("kairos_scheduler_cycle_seconds", "Scheduling cycle time by phase",
                           ["phase"], buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25,
                                               .5, 1, 2.5))
@@ -99,6 +101,7 @@ class SchedulerService:
         self.history_first_read = history_first_read  # succeeded jobs the history starts from
         self.engine = engine
         self.state = state
+        self._usage_saved = -1e18  # when fair share's past was last stored (its clock)
         self.out = Output()
         self.relay = OutboxRelay(engine, rt.producer, rt.settings.database_url,
                                  timedelta(seconds=rt.settings.outbox_replay_window_s),
@@ -127,6 +130,10 @@ class SchedulerService:
                 self.state.nodes[r["node_id"]] = node_from_row(NodeRow(**r))
             if self.state.history is not None:  # a new leader learns what its rows say
                 await self.state.history.load(conn, self.history_first_read)
+            if self.state.decay is not None:  # fair share's past goes on from the last leader's
+                rows = (await conn.execute(text("SELECT tenant, gpu_s, at FROM sched_usage"))).all()
+                self.state.decay.gpu_s = {r.tenant: float(r.gpu_s) for r in rows}
+                self.state.decay.at = max((float(r.at) for r in rows), default=None)
         log.info("state loaded", jobs=len(self.state.jobs), nodes=len(self.state.nodes),
                  durations=len(self.state.history.every) if self.state.history else 0)
 
@@ -182,6 +189,19 @@ class SchedulerService:
             CYCLE_SECONDS.labels("total").observe(time.perf_counter() - t0)
         self.state.evict_finished()
 
+    async def _save_usage(self, conn: AsyncConnection) -> None:
+        """Fair share's decayed past per tenant, at most every ``USAGE_SAVE_S`` (a new
+        leader goes on from it; what it misses is at most that much of the past)."""
+        decay = self.state.decay
+        if decay is None or decay.at is None or decay.at - self._usage_saved < USAGE_SAVE_S:
+            return
+        self._usage_saved = decay.at
+        await conn.execute(text("DELETE FROM sched_usage"))
+        if decay.gpu_s:
+            await conn.execute(text(
+                "INSERT INTO sched_usage (tenant, gpu_s, at) VALUES (:t, :g, :a)"),
+                [{"t": t, "g": g, "a": decay.at} for t, g in decay.gpu_s.items()])
+
     async def persist(self, out: Output) -> Stored:
         """Rows and events in one transaction, fenced by the lease: a leader that lost it
         (paused past it, cut off) finds a higher epoch and writes nothing. Returns the
@@ -209,6 +229,7 @@ class SchedulerService:
                            updated_at = now()"""),
                     [{**j, "placement": json.dumps(j["placement"]), "tasks": json.dumps(j["tasks"])}
                      for j in jobs])
+            await self._save_usage(conn)
             nodes = [self.state.nodes[n] for n in out.dirty_nodes if n in self.state.nodes]
             if nodes:
                 await conn.execute(text(
@@ -242,7 +263,10 @@ async def main(settings: SchedulerSettings | None = None) -> None:
     IS_LEADER.set(1)
     EPOCH.set(epoch)
     history = JobHistory() if settings.history_estimates else None
-    svc = SchedulerService(rt, rt.engine, SchedulerState(epoch, load_placer(settings).schedule, history),
+    placer = load_placer(settings)
+    half_life = placer.config.decay_half_life_s()
+    decay = DecayedUsage(half_life) if half_life > 0 else None  # fair share over past use
+    svc = SchedulerService(rt, rt.engine, SchedulerState(epoch, placer.schedule, history, decay),
                            settings.history_first_read, lease.valid)
     await svc.load()
     await svc.relay.flush()  # what the last leader stored but had not published yet

@@ -16,9 +16,11 @@ own, all working on the one ``Cluster`` record this state is:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from scheduling import Plan, Snapshot
+from scheduling.decay import DecayedUsage
 from services.scheduler.bindings import Bindings
 from services.scheduler.explain import PendingNotices
 from services.scheduler.history import JobHistory
@@ -60,9 +62,11 @@ Handler = Callable[[Any, Output], None]
 class SchedulerState(Cluster):
     SOURCE = SOURCE
 
-    def __init__(self, epoch: int, placer: Placer, history: JobHistory | None = None) -> None:
+    def __init__(self, epoch: int, placer: Placer, history: JobHistory | None = None,
+                 decay: DecayedUsage | None = None) -> None:
         super().__init__(epoch, history)
         self.placer = placer
+        self.decay = decay  # each tenant's decayed past use, with the policy's half-life
         self.pending_reasons: dict[str, str] = {}
         self.notices = PendingNotices()  # job.waiting: why a job waits, when that changes
         self.bindings = Bindings(self)
@@ -116,7 +120,10 @@ class SchedulerState(Cluster):
         preemptions, resizes and placements, in that order."""
         self.needs_cycle = False
         self.learn_succeeded(now)
-        plan = self.placer(self.snapshot(now))
+        snapshot = self.snapshot(now)
+        if self.decay is not None:
+            snapshot = replace(snapshot, past_usage=self.decay.advance(now))
+        plan = self.placer(snapshot)
         self.pending_reasons = {k: v.value for k, v in plan.pending.items()}
         admitted = {j: job.attempt for j in plan.pending
                     if (job := self.jobs.get(j)) is not None and job.state is JobState.ADMITTED}
@@ -153,7 +160,21 @@ class SchedulerState(Cluster):
             if any(t.elastic and len(job.active(t.name)) < t.most_replicas
                    for t in job.ready.spec.tasks):
                 self.needs_cycle = True  # it may grow next cycle (placement never grows)
+        if self.decay is not None:
+            self.decay.hold(self.held_gpus())
         return plan
+
+    def held_gpus(self) -> dict[str, float]:
+        """GPUs each tenant's live tasks hold (a share by its compute fraction)."""
+        held: dict[str, float] = {}
+        for job in self.jobs.values():
+            if job.ready is None:
+                continue
+            gpus = sum(1.0 if not u.memory_mib and u.compute_pct >= 100 else u.compute_pct / 100
+                       for p in job.live() for u in p.gpus)
+            if gpus:
+                held[job.ready.tenant] = held.get(job.ready.tenant, 0.0) + gpus
+        return held
 
     def learn_succeeded(self, now: float) -> None:
         """Jobs that succeeded since the last cycle teach the history their duration: a

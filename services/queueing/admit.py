@@ -19,7 +19,7 @@ service stores and announces what is decided (``service.py``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -78,9 +78,11 @@ class Admission:
 
 
 def decide(tree: QueueTree, top: str, jobs: Sequence[HeldJob], ordering: Ordering,
-           now: float, models: ModelTrees | None = None) -> Admission:
+           now: float, models: ModelTrees | None = None,
+           past_usage: Mapping[str, float] | None = None) -> Admission:
     """The decision for the tree under ``top``, from its held jobs (``seq`` order);
-    ``models``: the tree's GPU models (``ModelTrees(tree)`` when not given)."""
+    ``models``: the tree's GPU models (``ModelTrees(tree)`` when not given);
+    ``past_usage``: each queue's decayed GPU-seconds, for fair share over past use."""
     holding = [j for j in jobs if j.row.state in HOLDING]
     waiting = [j for j in jobs if j.row.state == "queued"]
     closed = [j for j in waiting if tree.specs[j.queue].state is QueueState.CLOSED]
@@ -89,7 +91,8 @@ def decide(tree: QueueTree, top: str, jobs: Sequence[HeldJob], ordering: Orderin
     weights = {q: tree.specs[q].weight for q in tree.subtree(top)}
     capacity = tree.nominal[top][0] if tree.limited[top][0] else 0.0
     ordered = [open_[h.request.job_id] for h in
-               ordering.order([j.held for j in open_.values()], now, weights, capacity)]
+               ordering.order([j.held for j in open_.values()], now, weights, capacity,
+                              past_usage)]
     models = models if models is not None and models.tree is tree else ModelTrees(tree)
     decision = Admission(Quotas.of(models, (
         (j.queue, j.row.gpu_model, j.held.demand, j.row.state == "reclaiming")

@@ -5,7 +5,8 @@ settings (that path, ports, the cycle period) are ``settings.py``.
 
 A queues file (``KAIROS_QUEUES_FILE``, see ``examples/queues.yaml``)::
 
-    ordering: {policy: priority, aging_per_hour: 0, starvation_bound_s: 14400}
+    ordering: {policy: priority, aging_per_hour: 0, starvation_bound_s: 14400,
+               half_life_s: 0, fairshare_weight: 0}  # past use decayed: off
     cohorts:                       # nodes of the tree that hold no jobs
       - {name: cluster}
       - {name: vision, parent: cluster, tenant: vision, guaranteed: {gpus: 16}}
@@ -54,12 +55,19 @@ class OrderingSpec(BaseModel):
         "between queues, then FIFO; fairshare: DRF between queues, then FIFO; fifo")
     aging_per_hour: float = Field(0.0, ge=0, description="priority points per hour waited")
     starvation_bound_s: float = Field(4 * 3600.0, gt=0, description="past it a job goes first")
+    half_life_s: float = Field(0.0, ge=0, description="each queue's past use decays by half in "
+                               "this time and counts beside its current share in fair share "
+                               "between queues (Slurm's PriorityDecayHalfLife); 0: off")
+    fairshare_weight: float = Field(0.0, ge=0, description="priority: points a queue's jobs lose "
+                                    "per unit of its decayed past share (PriorityWeightFairshare)")
     plugins: list[dict[str, Any]] | None = None
 
     def scheduler_config(self) -> SchedulerConfig:
         prio: dict[str, Any] = {"name": "priority", "args": {
-            "aging_per_hour": self.aging_per_hour, "starvation_bound_s": self.starvation_bound_s}}
-        fair: dict[str, Any] = {"name": "fairshare", "args": {"quota": False, "reclaim": False}}
+            "aging_per_hour": self.aging_per_hour, "starvation_bound_s": self.starvation_bound_s,
+            "fairshare_weight": self.fairshare_weight}}
+        fair: dict[str, Any] = {"name": "fairshare", "args": {
+            "quota": False, "reclaim": False, "half_life_s": self.half_life_s}}
         plugins: list[dict[str, Any]] = self.plugins if self.plugins is not None else {
             "priority": [prio, fair, {"name": "fifo"}],
             "fairshare": [fair, {"name": "fifo"}],

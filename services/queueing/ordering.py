@@ -59,7 +59,8 @@ class Ordering:
         return self._capacity[1]
 
     def order(self, jobs: Sequence[Held], now: float, weights: dict[str, float],
-              capacity_gpus: float) -> list[Held]:
+              capacity_gpus: float, past_usage: Mapping[str, float] | None = None) -> list[Held]:
+        """``past_usage``: each queue's decayed GPU-seconds (with ``half_life_s``)."""
         if len(jobs) < 2:
             return list(jobs)
         by_id = {h.request.job_id: h for h in jobs}
@@ -68,5 +69,5 @@ class Ordering:
         ordered = self.core.order(Snapshot(now=now, nodes=self._nodes(min(gpus, 100_000)),
                                            allocations=(),
                                            pending=tuple(h.request for h in jobs),
-                                           quotas=quotas))
+                                           quotas=quotas, past_usage=past_usage or {}))
         return [by_id[r.job_id] for r in ordered]

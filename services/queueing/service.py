@@ -274,7 +274,14 @@ class Queueing:
             rows = await store.active_jobs(conn, tree.subtree(top),
                                            lambda job_id, attempt: (job_id, attempt) in self._held)
             jobs = [HeldJob(r, self._held_of(r)) for r in rows]
-            decision = decide(tree, top, jobs, self.ordering, now, self.models)
+            half_life = self.ordering.spec.half_life_s
+            queues = tree.subtree(top)
+            usage = await store.load_usage(conn, queues, half_life) if half_life > 0 else None
+            decision = decide(tree, top, jobs, self.ordering, now, self.models,
+                              usage.advance(now) if usage is not None else None)
+            if usage is not None:  # fair share's past: what each queue holds from now
+                usage.hold(_held_gpus(jobs, decision))
+                await store.save_usage(conn, queues, usage)
             await self._send(conn, await self._record(conn, top, decision, jobs, now))
         if decision.admitted or decision.reclaims:
             log.info("queue cycle", tree=top, admitted=len(decision.admitted),
@@ -312,3 +319,14 @@ class Queueing:
             self._last_status[q] = body
             out.append(messages.outgoing(status))
         return out
+
+
+def _held_gpus(jobs: list[HeldJob], decision: Admission) -> dict[str, float]:
+    """GPUs each queue's jobs hold after the decision (admitted, being reclaimed, and
+    admitted now)."""
+    held: dict[str, float] = {}
+    now_in = {j.job_id for j, _ in decision.admitted}
+    for j in jobs:
+        if j.row.state in ("admitted", "reclaiming") or j.job_id in now_in:
+            held[j.queue] = held.get(j.queue, 0.0) + j.held.demand[0]
+    return held

@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from scheduling.decay import DecayedUsage
 from shared.queuespec import QueueSpec
 
 ACTIVE = ("queued", "admitted", "reclaiming")
@@ -221,3 +222,25 @@ async def _update_job(conn: AsyncConnection, job_id: str, **values: Any) -> None
 
 def _json(v: Any) -> dict[str, Any]:
     return v if isinstance(v, dict) else json.loads(v)
+
+
+async def load_usage(conn: AsyncConnection, queues: list[str], half_life_s: float
+                     ) -> DecayedUsage:
+    """The tree's decayed past use per queue as its last cycle stored it."""
+    rows = (await conn.execute(text(
+        "SELECT queue, gpu_s, held, at FROM queue_usage WHERE queue = ANY(:q)"),
+        {"q": queues})).all()
+    return DecayedUsage(half_life_s, {r.queue: float(r.gpu_s) for r in rows},
+                        max((float(r.at) for r in rows), default=None),
+                        {r.queue: float(r.held) for r in rows if r.held > 0})
+
+
+async def save_usage(conn: AsyncConnection, queues: list[str], usage: DecayedUsage) -> None:
+    """The tree's figure after a cycle: each queue's past and what it holds from now."""
+    await conn.execute(text("DELETE FROM queue_usage WHERE queue = ANY(:q)"), {"q": queues})
+    keep = sorted(usage.gpu_s.keys() | usage.held.keys())
+    if keep and usage.at is not None:
+        await conn.execute(text(
+            "INSERT INTO queue_usage (queue, gpu_s, held, at) VALUES (:q, :g, :h, :a)"),
+            [{"q": q, "g": usage.gpu_s.get(q, 0.0), "h": usage.held.get(q, 0.0), "a": usage.at}
+             for q in keep])

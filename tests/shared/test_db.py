@@ -38,7 +38,7 @@ async def test_migrations_are_idempotent_and_serialised(engine: AsyncEngine) -> 
         tables = set((await conn.execute(text(
             "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"))).scalars())
     newest = max(p.name[:4] for p in MIGRATIONS.glob("[0-9]*.py"))
-    assert version == newest == "0017"
+    assert version == newest == "0018"
     assert int(server) >= 150000
     assert {"jobs", "job_events", "outbox", "queue_jobs", "sched_jobs", "scheduler_leases",
             "api_tokens"} <= tables

@@ -9,7 +9,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from scheduling import Scheduler, SchedulerConfig
@@ -17,10 +16,10 @@ from services.scheduler.main import SchedulerService
 from services.scheduler.state import Output, SchedulerState
 from shared.config import CommonSettings
 from shared.db import make_engine
-from shared.events import Envelope, NodeLabels
+from shared.events import NodeLabels
 from shared.jobspec import parse_job_spec
 from tests.services.builders import node, ready, step
-from tests.services.test_node_ops import Gateway, gw, new_state  # noqa: F401
+from tests.services.test_node_ops import Gateway, gw, new_state, outbox_events  # noqa: F401
 
 
 def labels(node_id: str, gen: int, taints: tuple[str, ...] = (), **kv: str) -> NodeLabels:
@@ -96,11 +95,7 @@ async def test_labels_and_taints_survive_a_leader_failover(db_url: str) -> None:
 
 
 async def outbox_labels(engine: AsyncEngine) -> list[NodeLabels]:
-    async with engine.connect() as conn:
-        rows = (await conn.execute(text(
-            "SELECT payload FROM outbox WHERE topic = 'nodes.lifecycle' ORDER BY seq"))).all()
-    return [p for (raw,) in rows for p in [Envelope.decode(bytes(raw)).payload()]
-            if isinstance(p, NodeLabels)]
+    return await outbox_events(engine, NodeLabels)
 
 
 @pytest.mark.db

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import TypeVar
 
 import httpx
 import pytest
@@ -27,6 +28,7 @@ from shared.events import (
     BindingAction,
     EndCause,
     Envelope,
+    Event,
     JobState,
     JobStatus,
     NodeAction,
@@ -34,6 +36,8 @@ from shared.events import (
     NodeSchedulingChanged,
 )
 from tests.services.builders import node, ready, step
+
+E = TypeVar("E", bound=Event)
 
 
 def new_state(epoch: int = 3) -> SchedulerState:
@@ -227,12 +231,17 @@ async def gw(db_url: str) -> AsyncIterator[Gateway]:
     await engine.dispose()
 
 
-async def outbox_commands(engine: AsyncEngine) -> list[NodeCommand]:
+async def outbox_events(engine: AsyncEngine, kind: type[E]) -> list[E]:
+    """The ``kind`` events on nodes.lifecycle the gateway's outbox holds, in order."""
     async with engine.connect() as conn:
         rows = (await conn.execute(text(
             "SELECT payload FROM outbox WHERE topic = 'nodes.lifecycle' ORDER BY seq"))).all()
     return [p for (raw,) in rows for p in [Envelope.decode(bytes(raw)).payload()]
-            if isinstance(p, NodeCommand)]
+            if isinstance(p, kind)]
+
+
+async def outbox_commands(engine: AsyncEngine) -> list[NodeCommand]:
+    return await outbox_events(engine, NodeCommand)
 
 
 async def scheduling(gw: Gateway, node_id: str) -> str:

@@ -103,6 +103,13 @@ class GpuUse:
     def whole(self) -> bool:
         return self.memory_mib == 0 and self.compute_pct >= 100 and self.mig_slices == 0
 
+    @property
+    def share(self) -> float:
+        """The part of a GPU it holds: 1 whole, a MIG use its slices of 7, else its
+        compute fraction."""
+        return 1.0 if self.whole else (self.mig_slices / 7.0 if self.mig_slices
+                                       else self.compute_pct / 100.0)
+
 
 @dataclass(frozen=True, slots=True)
 class Allocation:

@@ -25,8 +25,7 @@ def demand_of(binds: Sequence[Bind]) -> Resources:
     g = 0.0
     cpu = mem = 0
     for b in binds:
-        for u in b.gpus:
-            g += 1.0 if u.whole else (u.mig_slices / 7.0 if u.mig_slices else u.compute_pct / 100.0)
+        g += sum(u.share for u in b.gpus)
         cpu += b.cpu_milli
         mem += b.memory_mib
     return Resources(g, cpu, mem)

@@ -34,10 +34,7 @@ def replica_of(a: Allocation) -> int:
 
 
 def alloc_gpus(a: Allocation) -> float:
-    g = 0.0
-    for u in a.gpus:
-        g += 1.0 if u.whole else (u.mig_slices / 7.0 if u.mig_slices else u.compute_pct / 100.0)
-    return g
+    return sum(u.share for u in a.gpus)
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ fair share counts a tenant's GPUs at their weights (``JobRequest.gpu_prices``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from shared.gpu_models import expand
 from shared.queuespec import QueueSpec
@@ -21,18 +21,22 @@ def effective_weights(specs: Mapping[str, QueueSpec], queue: str) -> dict[str, f
     """The weights a queue's jobs are billed at: its own over its ancestors', nearest
     first (``weight_of`` takes the first that covers a model, so ``A100-80GB: 3`` in a
     queue beats its cohort's ``A100: 2`` for that size only)."""
-    return inherited({n: (q.parent, q.billing_weights or {}) for n, q in specs.items()}, queue)
+    def node(name: str) -> tuple[str | None, Mapping[str, float]] | None:
+        q = specs.get(name)
+        return None if q is None else (q.parent, q.billing_weights or {})
+    return inherited(node, queue)
 
 
-def inherited(tree: Mapping[str, tuple[str | None, Mapping[str, float]]], queue: str
-              ) -> dict[str, float]:
-    """``effective_weights`` over ``name -> (parent, own weights)``."""
+def inherited(node: Callable[[str], tuple[str | None, Mapping[str, float]] | None],
+              queue: str) -> dict[str, float]:
+    """``effective_weights`` over ``node(name) -> (parent, own weights)`` (None: no such
+    queue), walking up from ``queue``."""
     out: dict[str, float] = {}
     seen: set[str] = set()
     name: str | None = queue
-    while name is not None and name in tree and name not in seen:
+    while name is not None and name not in seen and (found := node(name)) is not None:
         seen.add(name)
-        parent, own = tree[name]
+        parent, own = found
         for key, w in own.items():
             out.setdefault(key, w)
         name = parent

@@ -17,13 +17,13 @@ and the forecaster's replay ask it the same question.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from shared.events.reasons import WaitReason
 from shared.gpu_models import expand
 from shared.queuespec import Amount, QueueSpec
 from shared.quota_state import Decision, QuotaState
-from shared.quota_tree import BIG, EPS, ZERO, QueueTree, Vec
+from shared.quota_tree import BIG, EPS, ZERO, QueueTree, Vec, add
 
 __all__ = ["NO_MODEL", "Choice", "ModelTrees", "Quotas", "Verdict"]
 
@@ -127,7 +127,6 @@ class Verdict:
 
     decision: Decision
     choice: Choice = NO_MODEL
-    tried: tuple[tuple[Choice, Decision], ...] = ()  # each model tried and its answer
 
 
 @dataclass(slots=True)
@@ -141,20 +140,21 @@ class Quotas:
     @classmethod
     def of(cls, trees: ModelTrees, usage: Iterable[tuple[str, str, Vec, bool]]) -> Quotas:
         """From what the admitted jobs hold: (queue, model key, demand, being reclaimed)."""
-        total: dict[str, Vec] = {}
-        freeing: dict[str, Vec] = {}
-        by_model: dict[str, tuple[dict[str, Vec], dict[str, Vec]]] = {
-            k: ({}, {}) for k in trees.trees}
-        for queue, key, d, going in usage:
-            accs = [total, freeing] if going else [total]
-            if key in by_model:
-                accs += list(by_model[key]) if going else [by_model[key][0]]
-            for acc in accs:
-                u = acc.get(queue, ZERO)
-                g = d if acc is total or acc is freeing else (d[0], 0.0, 0.0)
-                acc[queue] = (u[0] + g[0], u[1] + g[1], u[2] + g[2])
-        return cls(trees, QuotaState(trees.tree, total, freeing), {
-            k: QuotaState(trees.trees[k], u, f) for k, (u, f) in by_model.items()})
+        held = list(usage)
+
+        def state(tree: QueueTree, key: str | None) -> QuotaState:
+            """``key`` None: the totals; else that model's GPUs alone."""
+            used: dict[str, Vec] = {}
+            freeing: dict[str, Vec] = {}
+            for queue, k, d, going in held:
+                if key is not None and k != key:
+                    continue
+                v = d if key is None else (d[0], 0.0, 0.0)
+                for acc in (used, freeing) if going else (used,):
+                    acc[queue] = add(acc.get(queue, ZERO), v)
+            return QuotaState(tree, used, freeing)
+        return cls(trees, state(trees.tree, None),
+                   {k: state(t, k) for k, t in trees.trees.items()})
 
     def check(self, queue: str, demand: Vec, choices: Sequence[Choice]) -> Verdict:
         """The totals, then the first model that has room now. None has: the first that
@@ -166,21 +166,19 @@ class Quotas:
         for c in choices:
             state = self.models.get(c.key)
             if state is None:
-                return Verdict(total, c, tuple(tried))
+                return Verdict(total, c)
             d = state.check(queue, (demand[0], 0.0, 0.0))
             if d.admitted:
-                return Verdict(Decision(True, borrowing=total.borrowing or d.borrowing),
-                               c, tuple(tried))
+                return Verdict(Decision(True, borrowing=total.borrowing or d.borrowing), c)
             tried.append((c, d))
         if not tried:
             return Verdict(total)
         for c, d in tried:
             if d.reason is WaitReason.RECLAIM:
-                return Verdict(_named(d, c.key), c, tuple(tried))
+                return Verdict(replace(d, detail=f"{c.key}: {d.detail}"), c)
         c, d = tried[0]
         detail = "; ".join(f"{c.key}: {d.detail}" for c, d in tried)
-        return Verdict(Decision(False, reason=WaitReason.QUOTA, detail=detail, at=d.at), c,
-                       tuple(tried))
+        return Verdict(Decision(False, reason=WaitReason.QUOTA, detail=detail, at=d.at), c)
 
     def add(self, queue: str, demand: Vec, key: str) -> None:
         self.total.add(queue, demand)
@@ -203,6 +201,3 @@ class Quotas:
         return {k: s.used[queue][0] for k, s in self.models.items()
                 if queue in s.used and s.used[queue][0] > EPS}
 
-
-def _named(d: Decision, key: str) -> Decision:
-    return Decision(d.admitted, d.borrowing, d.reason, f"{key}: {d.detail}", d.reclaim, d.at)

@@ -26,7 +26,7 @@ from services.admission.arrays import element_spec
 from services.admission.auth import Principal
 from services.admission.event_ids import submitted_event_id
 from services.admission.models.dry_run import DryRunForecast, DryRunOut, DryRunQuota, QuotaDemand
-from services.admission.queue_check import queue_specs
+from services.admission.queue_check import quota_trees
 from services.admission.store import new_job_id
 from shared.bus import check_size
 from shared.durations import in_words
@@ -35,7 +35,7 @@ from shared.events.reasons import WaitReason
 from shared.gpu_models import expand
 from shared.job_array import element_id, new_array_id
 from shared.jobspec import JobSpec
-from shared.model_quota import ModelTrees, Quotas
+from shared.model_quota import Quotas
 from shared.queuespec import RESOURCES
 from shared.quota_tree import QueueTree, Vec, spec_demand
 
@@ -102,8 +102,7 @@ async def quota_verdict(intake: Intake, spec: JobSpec) -> DryRunQuota:
     rows = await intake.queues.rows(intake.engine)
     ask = spec_demand(spec)
     amounts = QuotaDemand(gpus=ask[0], cpu_milli=ask[1], memory_mib=ask[2])
-    tree = intake.queues.derived.get("tree") or QueueTree(
-        queue_specs(list(rows.values())).values())
+    tree, models = quota_trees(rows, intake.queues)
     if spec.queue not in tree.specs:  # the default queue before queueing announced it
         return DryRunQuota(admitted=True, ask=amounts,
                            detail=f"queue {spec.queue} has no quota: nothing limits it")
@@ -112,9 +111,6 @@ async def quota_verdict(intake: Intake, spec: JobSpec) -> DryRunQuota:
     fresh = {r["name"]: r for r in await queues_view.list_queues(intake.engine, None)}
     status = {n: _status(fresh[n]) for n in tree.specs if n in fresh}
     used = {n: _vec(s.get("used")) for n, s in status.items()}
-    models = intake.queues.derived.get("models")
-    if models is None or models.tree is not tree:
-        models = ModelTrees(tree)
     by_model = {n: s.get("used_by_model") or {} for n, s in status.items()}
     quotas = Quotas.of(models, [])
     for n, own in _own(tree, used).items():

@@ -63,14 +63,21 @@ async def check_queue(engine: AsyncEngine, queue: str, caller: Principal,
         raise HTTPException(status.HTTP_409_CONFLICT, detail=(
             f"queue {queue} is {row['state']}: it accepts no new jobs"))
     if spec is not None:
-        tree = (cache.derived.get("tree") if cache is not None else None) \
-            or QueueTree(queue_specs(list(rows.values())).values())
-        models = cache.derived.get("models") if cache is not None else None
-        if models is None or models.tree is not tree:
-            models = ModelTrees(tree)
-        if cache is not None:
-            cache.derived["tree"], cache.derived["models"] = tree, models
+        tree, models = quota_trees(rows, cache)
         check_ceiling(tree, queue, spec, models)
+
+
+def quota_trees(rows: dict[str, dict[str, Any]], cache: queues_view.QueueCache | None
+                ) -> tuple[QueueTree, ModelTrees]:
+    """The queue tree and its GPU models from the read model's rows, built once per
+    read of ``cache`` (kept in its ``derived``)."""
+    derived = cache.derived if cache is not None else {}
+    tree = derived.get("tree") or QueueTree(queue_specs(list(rows.values())).values())
+    models = derived.get("models")
+    if models is None or models.tree is not tree:
+        models = ModelTrees(tree)
+    derived["tree"], derived["models"] = tree, models
+    return tree, models
 
 
 def _amounts(v: tuple[float, float, float]) -> dict[str, float | None]:

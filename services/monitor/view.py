@@ -309,11 +309,13 @@ class ClusterView:
         by_queue: dict[str, float] = {q: 0.0 for q in self.queues}
         m.gpus_by_model.clear()  # a model a queue no longer holds must not linger
         billed: dict[tuple[str, str], float] = {p: 0.0 for p in use}
-        tree = {n: (c.parent, c.billing_weights) for n, c in self.queues.items()}
+        def node(name: str) -> tuple[str | None, dict[str, float]] | None:
+            c = self.queues.get(name)
+            return None if c is None else (c.parent, c.billing_weights)
         for (queue, tenant, model), gpus in by_model.items():
             m.gpus_by_model.labels(queue, tenant, model).set(gpus)
             billed[queue, tenant] = billed.get((queue, tenant), 0.0) + gpus * weight_of(
-                inherited(tree, queue), model)
+                inherited(node, queue), model)
         for (queue, tenant), u in use.items():
             shares = [x / c for x, c in zip(u, capacity, strict=True) if c > 0]
             m.dominant_share.labels(queue, tenant).set(max(shares, default=0.0))

@@ -271,11 +271,11 @@ class Queueing:
         async with self.engine.begin() as conn:
             await store.lock_tree(conn, top)
             self._forget_oldest()
-            rows = await store.active_jobs(conn, tree.subtree(top),
+            queues = tree.subtree(top)
+            rows = await store.active_jobs(conn, queues,
                                            lambda job_id, attempt: (job_id, attempt) in self._held)
             jobs = [HeldJob(r, self._held_of(r)) for r in rows]
             half_life = self.ordering.spec.half_life_s
-            queues = tree.subtree(top)
             usage = await store.load_usage(conn, queues, half_life) if half_life > 0 else None
             decision = decide(tree, top, jobs, self.ordering, now, self.models,
                               usage.advance(now) if usage is not None else None)

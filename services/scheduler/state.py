@@ -170,8 +170,7 @@ class SchedulerState(Cluster):
         for job in self.jobs.values():
             if job.ready is None:
                 continue
-            gpus = sum(1.0 if not u.memory_mib and u.compute_pct >= 100 else u.compute_pct / 100
-                       for p in job.live() for u in p.gpus)
+            gpus = sum(u.share for p in job.live() for u in p.gpus)
             if gpus:
                 held[job.ready.tenant] = held.get(job.ready.tenant, 0.0) + gpus
         return held

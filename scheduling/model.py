@@ -104,11 +104,8 @@ class GpuUse:
         return self.memory_mib == 0 and self.compute_pct >= 100 and self.mig_slices == 0
 
     @property
-    def share(self) -> float:
-        """The part of a GPU it holds: 1 whole, a MIG use its slices of 7, else its
-        compute fraction."""
-        return 1.0 if self.whole else (self.mig_slices / 7.0 if self.mig_slices
-                                       else self.compute_pct / 100.0)
+    def share(self) -> float:  # the part of a GPU: 1 whole, MIG its slices of 7, else compute
+        return 1.0 if self.whole else self.mig_slices / 7.0 if self.mig_slices else self.compute_pct / 100.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,8 +222,7 @@ class JobRequest:
     # the user's order of preference of each of ``gpu_models`` (0: first choice; models of
     # one family asked for together share a rank). Empty: no preference
     gpu_model_ranks: tuple[int, ...] = ()
-    # what one GPU of a model counts as in fair share (its queue's billing weights; a
-    # model it lacks counts 1). Empty: every GPU counts 1
+    # one GPU of a model in fair share (its queue's billing weights; unnamed: 1; empty: all 1)
     gpu_prices: tuple[tuple[str, float], ...] = ()
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[str, ...] = ()  # taint keys or full taints this job tolerates
@@ -329,8 +325,7 @@ class Snapshot:
     quotas: tuple[Quota, ...] = ()  # empty: no quota admission in the core
     telemetry: Mapping[str, tuple[GpuStats, ...]] = field(default_factory=dict)  # by node id
     task_mix: tuple[TaskShape, ...] = ()  # FGD's workload; empty: derived from the snapshot
-    # each tenant's past GPU use, GPU-seconds decayed to ``now`` (scheduling/decay.py):
-    # fair share adds it to current shares when its half_life_s is set
+    # per tenant, past GPU-seconds decayed to ``now`` (scheduling/decay.py; fairshare half_life_s)
     past_usage: Mapping[str, float] = field(default_factory=dict)
 
 

@@ -56,8 +56,8 @@ class NodeFree:
                 if g.healthy and g.memory_mib >= t.gpu_memory_mib and g.compute_pct >= t.gpu_compute_pct:
                     return (GpuUse(i, t.gpu_memory_mib, t.gpu_compute_pct),)
             return None
-        if t.mig_slices:
-            return None  # first fit does not place MIG slices
+        if t.mig:
+            return None  # first fit does not place MIG instances
         return ()
 
 
@@ -67,8 +67,8 @@ def build_capacity(nodes: tuple[Node, ...], allocations: tuple[Allocation, ...])
             n,
             n.cpu_milli,
             n.memory_mib,
-            # MIG-mode GPUs only serve MIG slices, which first fit does not place.
-            [GpuFree(g.memory_mib, 100, g.memory_mib, g.healthy and not g.mig_slices) for g in n.gpus],
+            # MIG-mode GPUs only serve MIG instances, which first fit does not place.
+            [GpuFree(g.memory_mib, 100, g.memory_mib, g.healthy and not g.mig_mode) for g in n.gpus],
         )
         for n in nodes
     }

@@ -41,9 +41,17 @@ def why_pending(s: Session, info: JobInfo, block: BoolArray | None, placed: int)
         if (t.gpu > tbl.gpu_count[m].max() or t.cpu_milli > tbl.cpu_total[m].max()
                 or t.memory_mib > tbl.mem_total[m].max()):
             return PendingReason.NEVER_FITS
+        if t.mig and not tbl.mig_count(t.mig_profile)[m].any():
+            return PendingReason.NEVER_FITS  # no node has an instance of its MIG profile
     whole = sum(t.gpu * t.replicas for t in info.tasks)
-    if whole and info.min_members >= sum(t.replicas for t in info.tasks) and (
-            whole > int(tbl.gpu_count[tbl.schedulable].sum())):
+    gang = info.min_members >= sum(t.replicas for t in info.tasks)
+    if gang and whole and whole > int(tbl.gpu_count[tbl.schedulable].sum()):
+        return PendingReason.NEVER_FITS
+    mig: dict[str, int] = {}
+    for t in info.tasks:
+        if t.mig:
+            mig[t.mig_profile] = mig.get(t.mig_profile, 0) + t.replicas
+    if gang and any(n > int(tbl.mig_count(p)[tbl.schedulable].sum()) for p, n in mig.items()):
         return PendingReason.NEVER_FITS
     if block is not None and block.any():
         st = s.cycle.state  # a trial, undone: cheaper than a copy, whose caches start empty

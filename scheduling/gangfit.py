@@ -43,7 +43,8 @@ def capacity(st: ClusterState, task: TaskRequest, rows: IntArray) -> IntArray:
             per = np.minimum(per, st.gcmp_free[rows] // task.gpu_compute_pct)
         n = np.minimum(n, np.where(st.t.share_ok[rows], per, 0).sum(axis=1))
     elif task.mig:
-        n = np.minimum(n, (st.mig_free[rows] // task.mig_slices).sum(axis=1))
+        c = st.t.mig_masks(task.mig_profile)[rows]  # instances of the profile free, counted
+        n = np.minimum(n, ((st.mig_free[rows][:, :, None] & c) == c).sum(axis=(1, 2)))
     out: IntArray = np.maximum(n, 0)
     return out
 

@@ -22,10 +22,11 @@ def _whole(index: int) -> GpuUse:
     return u
 
 
-def _allowed(tbl: NodeTable, hints: PlacementHints, p: Placing, i: int) -> list[bool]:
-    """Per GPU column of node ``i``: whether the replica may use it (sharing allowed,
-    and of the job's GPU models where the gpumodel plugin enforces them)."""
-    ok: list[bool] = tbl.share_ok[i].tolist()
+def _allowed(tbl: NodeTable, hints: PlacementHints, p: Placing, i: int, mig: bool = False) -> list[bool]:
+    """Per GPU column of node ``i``: whether the replica may use it (sharing allowed, or
+    for ``mig`` in MIG mode, and of the job's GPU models where the gpumodel plugin
+    enforces them)."""
+    ok: list[bool] = (tbl.mig_ok if mig else tbl.share_ok)[i].tolist()
     if hints.enforce_models and p.info.job.gpu_models:
         allowed = tbl.models_mask(p.info.job.gpu_models)[i].tolist()
         ok = [a and b for a, b in zip(ok, allowed, strict=True)]
@@ -43,14 +44,15 @@ def default_pick(tbl: NodeTable, hints: PlacementHints, p: Placing, i: int) -> t
     pen = hints.gpu_penalty
     prow: list[float] = pen[i].tolist() if pen is not None else [0.0] * tbl.g
     idx = tbl.gpu_index[i]
-    if t.mig:
+    if t.mig:  # a free instance of the profile, on the MIG GPU with the fewest slices free
         mf = st.mig_free[i].tolist()
-        okm = tbl.mig_ok[i].tolist()
-        cols = [j for j in range(len(idx)) if okm[j] and mf[j] >= t.mig_slices]
-        if not cols:
+        okm = _allowed(tbl, hints, p, i, mig=True)
+        found = [(mf[j].bit_count(), prow[j], j, x) for j, geom in enumerate(tbl.mig_inst[i]) if okm[j]
+                 for x in geom if x.profile == t.mig_profile and mf[j] & x.mask == x.mask]
+        if not found:
             return None
-        j = min(cols, key=lambda c: (mf[c], prow[c], c))
-        return (GpuUse(idx[j], 0, 0, t.mig_slices),)
+        _, _, j, x = min(found, key=lambda f: (*f[:3], f[3].start))
+        return (GpuUse(idx[j], 0, 0, t.mig_slices, x.mask),)
     gm, gc, tot = st.gpu_rows(i)
     ok = _allowed(tbl, hints, p, i)
     if t.gpu:

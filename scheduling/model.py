@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal
 
+from scheduling.mig import SLICES, Instance, slices_of
+
 
 class PendingReason(StrEnum):
     """Why a job was left pending; one vocabulary for events, API and metric labels."""
@@ -49,7 +51,7 @@ class ResizeReason(StrEnum):
 
 @dataclass(slots=True)
 class GpuSlot:
-    """One physical GPU of a node. ``mig_slices`` > 0 puts it in MIG mode."""
+    """One physical GPU of a node. In MIG mode it serves only its MIG instances."""
 
     index: int
     uuid: str = ""
@@ -57,7 +59,8 @@ class GpuSlot:
     memory_mib: int = 81920
     nvlink_domain: int = 0
     healthy: bool = True
-    mig_slices: int = 0  # compute slices of a MIG-mode GPU (7 on A100/H100); 0 = not MIG
+    mig_mode: bool = False
+    mig: tuple[Instance, ...] = ()  # the MIG instances configured on it (scheduling/mig.py)
     tflops: float = 0.0  # informational compute rating
 
 
@@ -91,13 +94,15 @@ class GpuStats:
 class GpuUse:
     """Part of one GPU held by a task: memory MiB (0 = whole) and compute percent.
 
-    A MIG use holds ``mig_slices`` slices of a MIG-mode GPU (memory 0, compute 0).
+    A MIG use holds one instance of a MIG-mode GPU: ``mig_slots`` its memory slices as
+    a mask (which says where it is), ``mig_slices`` its compute slices (memory 0, compute 0).
     """
 
     index: int
     memory_mib: int = 0
     compute_pct: int = 100
     mig_slices: int = 0
+    mig_slots: int = 0
 
     @property
     def whole(self) -> bool:
@@ -105,7 +110,7 @@ class GpuUse:
 
     @property
     def share(self) -> float:  # the part of a GPU: 1 whole, MIG its slices of 7, else compute
-        return 1.0 if self.whole else self.mig_slices / 7.0 if self.mig_slices else self.compute_pct / 100.0
+        return 1.0 if self.whole else self.mig_slices / SLICES if self.mig_slices else self.compute_pct / 100.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,14 +144,14 @@ class TaskRequest:
     gpu_compute_pct: int = 0
     cpu_milli: int = 0
     memory_mib: int = 0
-    mig_slices: int = 0  # a MIG slice of this many compute slices (e.g. 1g = 1, 3g = 3)
+    mig_profile: str = ""  # one MIG instance of this profile ("1g.10gb") per replica
     min_replicas: int | None = None
     max_replicas: int | None = None
 
     @property
-    def shape(self) -> tuple[int, int, int, int, int, int]:
+    def shape(self) -> tuple[int, int, int, str, int, int]:
         """What one replica asks of a node: equal shapes fit and score alike."""
-        return (self.gpu, self.gpu_memory_mib, self.gpu_compute_pct, self.mig_slices, self.cpu_milli,
+        return (self.gpu, self.gpu_memory_mib, self.gpu_compute_pct, self.mig_profile, self.cpu_milli,
                 self.memory_mib)
 
     @property
@@ -155,7 +160,11 @@ class TaskRequest:
 
     @property
     def mig(self) -> bool:
-        return self.gpu == 0 and self.mig_slices > 0 and not self.shared
+        return self.gpu == 0 and bool(self.mig_profile) and not self.shared
+
+    @property
+    def mig_slices(self) -> int:
+        return slices_of(self.mig_profile)
 
     @property
     def elastic(self) -> bool:
@@ -176,7 +185,7 @@ class TaskRequest:
             return float(self.gpu)
         if self.shared:
             return self.gpu_compute_pct / 100.0 if self.gpu_compute_pct else 0.0
-        return 0.0
+        return self.mig_slices / SLICES
 
 
 AffinityScope = Literal["node", "rack"]
@@ -253,12 +262,9 @@ class JobRequest:
 
 @dataclass(frozen=True, slots=True)
 class RunningJob:
-    """What the core needs to know about a job that holds allocations.
-
-    ``terminating`` marks a job already asked to stop (preempted, shrinking): its
-    allocations still hold their GPUs, but it is neither preempted again nor counted
-    as future usage when placing the job it makes room for.
-    """
+    """A job that holds allocations. ``terminating``: already asked to stop (preempted,
+    shrinking); its allocations hold their GPUs, but it is neither preempted again nor
+    counted as future usage when placing the job it makes room for."""
 
     job: JobRequest
     start_time: float
@@ -286,13 +292,9 @@ class Resources:
 
 @dataclass(frozen=True, slots=True)
 class Quota:
-    """A tenant's quota in a Kueue-style cohort.
-
-    ``nominal`` is its quota; ``lending_limit`` caps how much of it others may borrow
-    (the rest, ``nominal - lending_limit``, is guaranteed to it); ``borrowing_limit``
-    caps how far above nominal it may go with capacity lent by the cohort. ``None``
-    means no limit. ``weight`` scales its DRF fair share.
-    """
+    """A tenant's quota in a Kueue-style cohort: ``nominal``; others may borrow up to
+    ``lending_limit`` of it (the rest is guaranteed); it may borrow up to ``borrowing_limit``
+    above nominal from the cohort (None: no limit); ``weight`` scales its DRF share."""
 
     tenant: str
     nominal: Resources
@@ -356,11 +358,8 @@ class Preemption:
 
 @dataclass(frozen=True, slots=True)
 class Resize:
-    """An elastic job changes one task group's replica count.
-
-    Grow: start ``binds`` (new replicas). Shrink: stop ``stop_task_ids`` (the highest
-    replica indices), after ``grace_period_s``.
-    """
+    """An elastic job changes one task group's replica count. Grow: start ``binds`` (new
+    replicas). Shrink: stop ``stop_task_ids`` (highest replicas) after ``grace_period_s``."""
 
     job_id: str
     task_name: str

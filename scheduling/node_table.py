@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from scheduling.arrays import BoolArray, IntArray
+from scheduling.mig import NEVER, Instance
 from scheduling.model import Allocation, Node
 
 PARTS_KEPT = 1 << 16  # allocations whose parts a node table keeps before it starts over
@@ -45,7 +46,10 @@ class NodeTable:
         self.gmem_total = np.zeros((n, g), dtype=np.int64)
         self.exists = np.zeros((n, g), dtype=bool)
         self.healthy = np.zeros((n, g), dtype=bool)
-        self.mig_total = np.zeros((n, g), dtype=np.int64)
+        self.mig_total = np.zeros((n, g), dtype=np.int64)  # memory slices its MIG instances span
+        self.mig_mode = np.zeros((n, g), dtype=bool)
+        self.mig_geom = np.zeros((n, g), dtype=np.int64)  # its instances, interned (0: none)
+        geoms: dict[tuple[Instance, ...], int] = {(): 0}
         self.nvlink = np.zeros((n, g), dtype=np.int64)
         models: dict[str, int] = {}
         self.gmodel = np.full((n, g), -1, dtype=np.int64)
@@ -55,7 +59,9 @@ class NodeTable:
                 self.gmem_total[i, j] = s.memory_mib
                 self.exists[i, j] = True
                 self.healthy[i, j] = s.healthy
-                self.mig_total[i, j] = s.mig_slices
+                self.mig_total[i, j] = sum(m.mask for m in s.mig)
+                self.mig_mode[i, j] = s.mig_mode
+                self.mig_geom[i, j] = geoms.setdefault(s.mig, len(geoms))
                 self.nvlink[i, j] = s.nvlink_domain
                 self.gmodel[i, j] = models.setdefault(s.model, len(models))
         self.models = list(models)
@@ -65,8 +71,9 @@ class NodeTable:
         self.nvlink_l: list[list[int]] = self.nvlink.tolist()
         self.col_of = [{s.index: j for j, s in enumerate(x.gpus)} for x in self.nodes]
         # usable for whole GPUs and shares: present, healthy, not in MIG mode
-        self.share_ok = self.exists & self.healthy & (self.mig_total == 0)
-        self.mig_ok = self.exists & self.healthy & (self.mig_total > 0)
+        self.share_ok = self.exists & self.healthy & ~self.mig_mode
+        self.mig_ok = self.exists & self.healthy & self.mig_mode
+        self.mig_inst = [[s.mig for s in x.gpus] for x in self.nodes]
         self.gpu_count = self.share_ok.sum(axis=1).astype(np.int64)
         self.share_ok_l: list[list[bool]] = self.share_ok.tolist()
         # NVLink domains as one-hot columns, for "idle GPUs inside one domain" per node
@@ -74,10 +81,11 @@ class NodeTable:
         self.multi_domain = bool(
             (self.nvlink.max(axis=1, initial=0) != self.nvlink.min(axis=1, initial=0)).any())
         self.mask_cache: dict[object, BoolArray] = {}
+        self.mig_cache: dict[str, IntArray] = {}
         # interned node states (see ClusterState.state_ids): what a node is (its class)
         # and has free; kept while the table is, up to MAX_STATES
         gclasses: dict[tuple[int, ...], int] = {}
-        per_gpu = np.stack([self.gmem_total, self.share_ok, self.mig_total, self.mig_ok, self.nvlink,
+        per_gpu = np.stack([self.gmem_total, self.share_ok, self.mig_geom, self.mig_ok, self.nvlink,
                             self.gmodel, self.exists], axis=2).tolist()
         self.gpu_class = np.asarray([[gclasses.setdefault(tuple(c), len(gclasses)) for c in row]
                                      for row in per_gpu], dtype=np.int64).reshape(n, g)
@@ -85,7 +93,7 @@ class NodeTable:
         # order: its state is taken with its GPUs sorted, so permutations share an id
         usable = self.share_ok | self.mig_ok
         kinds = [{(m, t, s) for m, t, s, u in zip(self.gmodel[i].tolist(), self.gmem_total[i].tolist(),
-                                                  self.mig_total[i].tolist(), usable[i].tolist(), strict=True) if u}
+                                                  self.mig_geom[i].tolist(), usable[i].tolist(), strict=True) if u}
                  for i in range(n)]
         self.gpu_order_free = np.asarray([len(k) <= 1 for k in kinds], dtype=bool)
         classes: dict[tuple[object, ...], int] = {}
@@ -115,9 +123,28 @@ class NodeTable:
             self.mask_cache[key] = m
         return m
 
+    def mig_masks(self, profile: str) -> IntArray:
+        """Per GPU, the memory-slice masks of its MIG instances of ``profile``, padded with
+        a mask never free: (nodes, GPUs, most instances of it on one GPU)."""
+        m = self.mig_cache.get(profile)
+        if m is None:
+            rows = [[[x.mask for x in geom if x.profile == profile] for geom in node] for node in self.mig_inst]
+            k = max((len(c) for node in rows for c in node), default=0) or 1
+            m = np.full((self.n, self.g, k), NEVER, dtype=np.int64)
+            for i, node in enumerate(rows):
+                for j, c in enumerate(node):
+                    m[i, j, :len(c)] = c
+            self.mig_cache[profile] = m
+        return m
+
+    def mig_count(self, profile: str) -> IntArray:
+        """Per node, its healthy MIG instances of ``profile``."""
+        out: IntArray = ((self.mig_masks(profile) < NEVER) & self.mig_ok[:, :, None]).sum(axis=(1, 2), dtype=np.int64)
+        return out
+
     def parts(self, a: Allocation) -> tuple[int, int, int, list[int], list[int], list[int], list[int]] | None:
         """What an allocation takes, as ``ClusterState.apply`` adds it up: node index,
-        CPU, memory, and per GPU its column, memory, compute and MIG slices (None: the
+        CPU, memory, and per GPU its column, memory, compute and MIG mask (None: the
         node is not in the inventory). Kept per allocation object: the reservation
         search applies the same running jobs' allocations again and again."""
         hit = self._parts.get(id(a))
@@ -136,10 +163,10 @@ class NodeTable:
                 if j is None:
                     continue
                 g_cols.append(j)
-                if u.mig_slices:
+                if u.mig_slots:
                     g_mem.append(0)
                     g_cmp.append(0)
-                    g_mig.append(u.mig_slices)
+                    g_mig.append(u.mig_slots)
                 elif u.whole:
                     g_mem.append(int(self.gmem_total[i, j]))
                     g_cmp.append(100)

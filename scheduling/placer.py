@@ -94,7 +94,7 @@ class Placer:
         """Nodes in ``base`` with room for one replica. The capacity part is cached per
         task shape on the state and brought up to date for the nodes changed since."""
         key = task.shape
-        cache: dict[tuple[int, ...], list[object]] = st.cache.setdefault("fit", {})
+        cache: dict[tuple[object, ...], list[object]] = st.cache.setdefault("fit", {})
         ent = cache.get(key)
         if ent is None:
             mask = self._room(st, task, np.arange(self.table.n))
@@ -115,7 +115,8 @@ class Placer:
             m &= ((st.gmem_free[rows] >= task.gpu_memory_mib) & (st.gcmp_free[rows] >= task.gpu_compute_pct)
                   & self.table.share_ok[rows]).any(axis=1)
         elif task.mig:
-            m &= (st.mig_free[rows] >= task.mig_slices).any(axis=1)
+            c = self.table.mig_masks(task.mig_profile)[rows]
+            m &= ((st.mig_free[rows][:, :, None] & c) == c).any(axis=(1, 2))
         out: BoolArray = m
         return out
 

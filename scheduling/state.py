@@ -136,8 +136,8 @@ class ClusterState:
             d_idle = d_cmp = 0
             for u in uses:
                 j = cols[u.index]
-                if u.mig_slices:
-                    self.mig_free[i, j] -= sign * u.mig_slices
+                if u.mig_slots:
+                    self.mig_free[i, j] -= sign * u.mig_slots
                     continue
                 m0, c0 = int(gm_row[j]), int(gc_row[j])
                 if u.whole:
@@ -160,8 +160,8 @@ class ClusterState:
             gm, gc = gm_row.tolist(), gc_row.tolist()
             for u in uses:
                 j = cols[u.index]
-                if u.mig_slices:
-                    self.mig_free[i, j] -= sign * u.mig_slices
+                if u.mig_slots:
+                    self.mig_free[i, j] -= sign * u.mig_slots
                 elif u.whole:
                     gm[j] -= sign * tot[j]
                     gc[j] -= sign * 100

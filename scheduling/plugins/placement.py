@@ -16,10 +16,7 @@ from scheduling.framework import Cycle, PlacementHints, Placing, Plugin, registe
 
 
 def _need_pct(p: Placing) -> float:
-    t = p.task
-    if t.mig:
-        return 100.0 * t.mig_slices / 7.0
-    return 100.0 * t.gpu_amount
+    return 100.0 * p.task.gpu_amount  # a MIG instance: its slices of seven
 
 
 def _gpu_fill_after(cycle: Cycle, p: Placing, cand: IntArray) -> FloatArray:

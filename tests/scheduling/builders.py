@@ -25,6 +25,7 @@ from scheduling import (
     Snapshot,
     TaskRequest,
 )
+from scheduling.mig import Instance, layout
 
 
 class JobBuilder:
@@ -42,8 +43,8 @@ class JobBuilder:
         self._cur.update(gpu=0, gpu_memory_mib=memory_mib, gpu_compute_pct=compute_pct)
         return self
 
-    def mig(self, slices: int) -> JobBuilder:
-        self._cur.update(gpu=0, mig_slices=slices)
+    def mig(self, profile: str) -> JobBuilder:
+        self._cur.update(gpu=0, mig_profile=profile)
         return self
 
     def replicas(self, n: int) -> JobBuilder:
@@ -166,7 +167,7 @@ class NodeBuilder:
         self._model = "A100"
         self._gmem = 81920
         self._nvlink: list[int] | None = None
-        self._mig = 0
+        self._mig: tuple[Instance, ...] | None = None
         self._unhealthy: set[int] = set()
 
     def gpus(self, n: int, model: str = "A100", memory_mib: int = 81920) -> NodeBuilder:
@@ -177,8 +178,9 @@ class NodeBuilder:
         self._nvlink = list(domains)
         return self
 
-    def mig(self, slices: int = 7) -> NodeBuilder:
-        self._mig = slices
+    def mig(self, *profiles: str, model: str = "A100-80GB") -> NodeBuilder:
+        """Every GPU in MIG mode with these instances (laid out as nvidia-smi would)."""
+        self._mig = layout(model, list(profiles))
         return self
 
     def unhealthy(self, *idx: int) -> NodeBuilder:
@@ -212,7 +214,8 @@ class NodeBuilder:
     def build(self) -> Node:
         dom = self._nvlink or [0] * self._gpus
         gpus = [GpuSlot(i, f"{self._n['node_id']}-g{i}", self._model, self._gmem, dom[i],
-                        i not in self._unhealthy, self._mig) for i in range(self._gpus)]
+                        i not in self._unhealthy, self._mig is not None, self._mig or ())
+                for i in range(self._gpus)]
         return Node(gpus=gpus, **self._n)
 
 

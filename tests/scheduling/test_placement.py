@@ -85,11 +85,22 @@ def test_unhealthy_gpus_are_never_used() -> None:
     assert plan.pending == {"b": PendingReason.PRIORITY}  # a took the last healthy GPUs
 
 
-def test_mig_slices() -> None:
-    nodes = [node("n0").gpus(2).mig(7).build()]
-    plan = place(nodes, job("a").mig(3).replicas(4), job("b").gpus(1))
-    assert [(b.gpus[0].index, b.gpus[0].mig_slices) for b in plan.binds] == [(0, 3), (0, 3), (1, 3), (1, 3)]
-    assert plan.pending == {"b": PendingReason.NEVER_FITS}  # MIG GPUs serve only slices
+def test_mig_instances() -> None:
+    nodes = [node("n0").gpus(2).mig("3g.40gb", "3g.40gb").build()]
+    plan = place(nodes, job("a").mig("3g.40gb").replicas(4), job("b").gpus(1))
+    assert [(b.gpus[0].index, b.gpus[0].mig_slices, b.gpus[0].mig_slots) for b in plan.binds] == [
+        (0, 3, 0x0F), (0, 3, 0xF0), (1, 3, 0x0F), (1, 3, 0xF0)]  # each instance once, where it is
+    assert plan.pending == {"b": PendingReason.NEVER_FITS}  # MIG GPUs serve only their instances
+
+
+def test_mig_profile_takes_only_its_own_instances() -> None:
+    """A 1g.10gb asks for a 1g.10gb instance: the free 2g.20gb beside it is not one."""
+    nodes = [node("n0").gpus(1).mig("4g.40gb", "2g.20gb", "1g.10gb").build()]
+    plan = place(nodes, job("a").mig("1g.10gb").replicas(2), job("c").mig("2g.20gb"))
+    assert plan.pending == {"a": PendingReason.NEVER_FITS}  # two replicas, one 1g.10gb instance
+    assert [(b.job_id, b.gpus[0].mig_slots) for b in plan.binds] == [("c", 0x30)]
+    plan = place(nodes, job("a").mig("1g.10gb"), job("b").mig("4g.40gb"))
+    assert sorted((b.job_id, b.gpus[0].mig_slots) for b in plan.binds) == [("a", 0x40), ("b", 0x0F)]
 
 
 @pytest.mark.parametrize("preset", ["default", "fifo", "tiresias", "fgd"])

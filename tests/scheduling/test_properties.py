@@ -24,6 +24,11 @@ from scheduling.plugins.ordering import Priority
 from tests.scheduling.builders import job, node, quota
 
 CLASSES = ["low", "normal", "high"]
+# MIG geometries of an A100-80GB, as operators configure them, and the profiles jobs ask for
+GEOMETRIES = [("7g.80gb",), ("4g.40gb", "3g.40gb"), ("3g.40gb", "3g.40gb"), ("4g.40gb", "2g.20gb", "1g.10gb"),
+              ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"), ("2g.20gb",) * 3 + ("1g.10gb",),
+              ("1g.10gb",) * 7, ("1g.20gb",) * 4]
+PROFILES = ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "7g.80gb"]
 TENANTS = ["a", "b", "c"]
 
 
@@ -33,7 +38,7 @@ def jobs(draw, prefix: str, n: int) -> list[JobRequest]:
     for k in range(n):
         b = job(f"{prefix}{k}").tenant(draw(st.sampled_from(TENANTS))).klass(draw(st.sampled_from(CLASSES)))
         b.submit(draw(st.floats(0, 900))).priority(draw(st.integers(-5, 5))).cpu(draw(st.sampled_from([0, 2000])))
-        kind = draw(st.sampled_from(["whole", "whole", "share", "gang", "ps"]))
+        kind = draw(st.sampled_from(["whole", "whole", "share", "gang", "ps", "mig"]))
         if kind == "whole":
             b.gpus(draw(st.integers(1, 8)))
         elif kind == "share":
@@ -43,6 +48,8 @@ def jobs(draw, prefix: str, n: int) -> list[JobRequest]:
             b.gpus(draw(st.sampled_from([2, 4, 8]))).gang(draw(st.integers(2, 4)))
             if draw(st.booleans()):
                 b.min_available(2)
+        elif kind == "mig":
+            b.mig(draw(st.sampled_from(PROFILES))).replicas(draw(st.integers(1, 3)))
         else:
             b.named("ps").cpu(1000).task("worker").gpus(draw(st.integers(1, 4))).replicas(draw(st.integers(1, 3)))
         if draw(st.booleans()):
@@ -63,6 +70,8 @@ def snapshots(draw) -> Snapshot:
         b.cpu(draw(st.sampled_from([16_000, 64_000])))
         if draw(st.integers(0, 4)) == 0:
             b.unhealthy(0)
+        if draw(st.integers(0, 3)) == 0:
+            b.mig(*draw(st.sampled_from(GEOMETRIES)))
         nodes.append(b.build())
     nodes_t = tuple(nodes)
     running_req = draw(jobs("r", draw(st.integers(0, 6))))
@@ -116,10 +125,21 @@ def test_no_gpu_memory_or_compute_is_overcommitted(snap, cfg) -> None:
     mem = defaultdict(int)
     cmp_ = defaultdict(int)
     cpu = defaultdict(int)
+    mig = defaultdict(int)
+    profile = {(b.job_id, b.task_name): t.mig_profile for j in snap.pending for t in j.tasks
+               for b in all_binds(plan) if b.job_id == j.job_id and b.task_name == t.name}
     for a in [*snap.allocations, *all_binds(plan)]:
         cpu[a.node_id] += a.cpu_milli
         for u in a.gpus:
             key = (a.node_id, u.index)
+            if u.mig_slots:  # one whole instance of the profile asked for, held by one task
+                slot = nodes[a.node_id].gpus[u.index]
+                assert slot.mig_mode and not mig[key] & u.mig_slots, (key, u)
+                inst = [x for x in slot.mig if x.mask == u.mig_slots]
+                assert inst and inst[0].profile == profile.get((a.job_id, a.task_name), inst[0].profile)
+                mig[key] |= u.mig_slots
+                continue
+            assert not nodes[a.node_id].gpus[u.index].mig_mode  # MIG GPUs serve only instances
             if u.whole:
                 whole[key] += 1
             mem[key] += u.memory_mib

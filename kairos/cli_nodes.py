@@ -53,6 +53,16 @@ def _taints(n: dict[str, Any]) -> str:
     return ",".join(every) or "-"
 
 
+def _mig(n: dict[str, Any]) -> str:
+    """The MIG geometry of its MIG-mode GPUs, alike GPUs counted: '2x 3g.40gb+2g.20gb'."""
+    geoms: dict[str, int] = {}
+    for g in n["inventory"]["gpus"]:
+        if g.get("mig_mode"):
+            shape = "+".join(m["profile"] for m in g.get("mig_instances") or []) or "none"
+            geoms[shape] = geoms.get(shape, 0) + 1
+    return ", ".join(f"{k}x {shape}" for shape, k in geoms.items()) or "-"
+
+
 NODE_COLUMNS = (
     Col("node", field("node_id"), whole=True),
     Col("state", _state),
@@ -63,6 +73,7 @@ NODE_COLUMNS = (
     Col("model", _model),
     Col("labels", _labels, wide=True),
     Col("taints", _taints, wide=True),
+    Col("mig", _mig, wide=True),
     Col("why", field("scheduling_reason"), wide=True),
     Col("heartbeat", timestamp("last_heartbeat"), wide=True),
 )

@@ -8,10 +8,16 @@ and the benchmarks: node groups, each with its GPU model, GPU count, labels and 
         gpus: 8
         labels: {zone: a}
         taints: ["dedicated=ml:NoSchedule"]
+        mig:                  # optional: MIG mode on each node's first 2 GPUs (all
+          gpus: 2             # of them without gpus), each split into these instances
+          profiles: [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]
 
 Each group runs as agent processes of a few nodes each, like the homogeneous stack; an
 agent reports its group's model, labels and taints as a real node's agent would
-(``KAIROS_SIM_GPU_MODEL``, ``KAIROS_NODE_LABELS``, ``KAIROS_NODE_TAINTS``).
+(``KAIROS_SIM_GPU_MODEL``, ``KAIROS_NODE_LABELS``, ``KAIROS_NODE_TAINTS``,
+``KAIROS_SIM_MIG_PROFILES`` and ``KAIROS_SIM_MIG_GPUS``). A MIG layout is checked here as
+the agent lays it out (``scheduling.mig.layout``), so a file written wrong fails at load,
+not in an agent.
 """
 
 from __future__ import annotations
@@ -20,11 +26,22 @@ from pathlib import Path
 from typing import Annotated
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from scheduling.mig import layout
 from shared import gpu_models
 from shared.node_constraints import LabelKey, LabelValue, parse_taints
+
+
+class MigSpec(BaseModel):
+    """MIG on a group's nodes: the profiles laid out on each MIG GPU, on the first
+    ``gpus`` of them (all when not given)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True,
+                              extra="forbid", frozen=True)
+    gpus: Annotated[int | None, Field(ge=1, le=64)] = None
+    profiles: Annotated[list[str], Field(min_length=1, max_length=8)]
 
 
 class NodeGroup(BaseModel):
@@ -37,6 +54,7 @@ class NodeGroup(BaseModel):
     gpus: Annotated[int, Field(ge=0, le=64)] = 8
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
     taints: list[str] = Field(default_factory=list)
+    mig: MigSpec | None = None
 
     @field_validator("gpu_model")
     @classmethod
@@ -49,6 +67,16 @@ class NodeGroup(BaseModel):
     def _taints(cls, v: list[str]) -> list[str]:
         return parse_taints(",".join(v))
 
+    @model_validator(mode="after")
+    def _mig_fits(self) -> NodeGroup:
+        if self.mig is not None:
+            if self.mig.gpus is not None and self.mig.gpus > self.gpus:
+                raise ValueError(f"mig.gpus {self.mig.gpus} is more than the group's "
+                                 f"{self.gpus} GPUs")
+            # a ValueError names the profile the model lacks, or says they do not fit
+            layout(gpu_models.model_id(self.gpu_model, self.memory_mib), self.mig.profiles)
+        return self
+
     @property
     def memory_mib(self) -> int:
         """As given, else the model's memory as NVML reports it (a little under the box)."""
@@ -59,7 +87,10 @@ class NodeGroup(BaseModel):
                 "KAIROS_SIM_GPU_MEMORY_MIB": str(self.memory_mib),
                 "KAIROS_SIM_GPUS_PER_NODE": str(self.gpus),
                 "KAIROS_NODE_LABELS": ",".join(f"{k}={v}" for k, v in self.labels.items()),
-                "KAIROS_NODE_TAINTS": ",".join(self.taints)}
+                "KAIROS_NODE_TAINTS": ",".join(self.taints),
+                # always set: a group without MIG has none, whatever the user exported
+                "KAIROS_SIM_MIG_PROFILES": ",".join(self.mig.profiles) if self.mig else "",
+                "KAIROS_SIM_MIG_GPUS": str(self.mig.gpus or 0) if self.mig else "0"}
 
 
 class ClusterSpec(BaseModel):

@@ -47,6 +47,7 @@ from pydantic import BaseModel, ConfigDict
 
 from scheduling.arrays import BoolArray, FloatArray, IntArray
 from scheduling.model import (
+    Bind,
     GpuUse,
     JobRequest,
     PendingReason,
@@ -192,6 +193,7 @@ class Cycle:
         self.alloc_run: IntArray = np.zeros(0, dtype=np.int64)  # position in running, -1: none
         self.run_cols: FloatArray = np.zeros((RUN_FIELDS, 0))  # the running jobs' RunTable numbers
         self.usage: dict[str, Resources] = {}  # per tenant, running + placed this cycle
+        self.placed: list[tuple[JobRequest, list[Bind]]] = []  # jobs placed this cycle, in order
         # per tenant, its decayed past use as a share of the GPUs (scheduling/decay.py;
         # empty without a half-life): fair share's key and priority's fairshare_weight
         self.past_share: dict[str, float] = {}

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Literal
 
 from scheduling.mig import SLICES, Instance, slices_of
 
@@ -129,12 +128,9 @@ class Allocation:
 
 @dataclass(frozen=True, slots=True)
 class TaskRequest:
-    """One replica group of a job: ``replicas`` identical tasks.
-
-    Elastic groups set ``min_replicas`` / ``max_replicas``: the job may start with
-    ``min_replicas``, grows to ``max_replicas`` into idle GPUs and shrinks back under
-    pressure instead of being preempted.
-    """
+    """One replica group of a job: ``replicas`` identical tasks. Elastic groups set
+    ``min_replicas`` / ``max_replicas``: the job may start with ``min_replicas``, grows to
+    ``max_replicas`` into idle GPUs and shrinks back under pressure, not preempted."""
 
     name: str
     role: str
@@ -188,22 +184,20 @@ class TaskRequest:
         return self.mig_slices / SLICES
 
 
-AffinityScope = Literal["node", "rack"]
-
-
 @dataclass(frozen=True, slots=True)
 class AffinityRule:
-    """Replicas of ``role`` want to be (``anti``: not to be) near those of ``to_role``.
-
-    ``scope`` is the node or the rack; ``required`` makes it a hard constraint, else a
-    preference. ``AffinityRule("worker", "worker", "node", anti=True)`` spreads workers.
-    """
+    """Replicas of ``role`` want to be (``anti``: not to be) near those of ``to_role``, or
+    with ``to_jobs`` near other jobs' tasks whose labels include those pairs. ``scope``:
+    "node", "rack", or a node label key (its value is the domain; NVLINK_DOMAIN defaults
+    to the node); ``required``: a hard constraint, else a preference.
+    ``AffinityRule("worker", "worker", "node", anti=True)`` spreads workers."""
 
     role: str
     to_role: str
-    scope: AffinityScope = "node"
+    scope: str = "node"
     anti: bool = False
     required: bool = False
+    to_jobs: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +219,7 @@ class JobRequest:
     checkpoint_grace_s: float = 30.0  # time the victim gets to checkpoint before it stops
     min_runtime_s: float = 0.0  # no preemption before it has run this long
     gpu_models: tuple[str, ...] = ()  # allowed GPU models; empty = any
+    labels: Mapping[str, str] = field(default_factory=dict)  # what other jobs' affinity selects
     # the job's speed per GPU model, relative to the model its runtime estimate is for
     # (1.0); a model it lacks runs it at its lowest given speed. Empty: blind to models
     gpu_speeds: tuple[tuple[str, float], ...] = ()

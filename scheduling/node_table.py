@@ -15,6 +15,7 @@ from scheduling.arrays import BoolArray, IntArray
 from scheduling.mig import NEVER, Instance
 from scheduling.model import Allocation, Node
 
+NVLINK_DOMAIN = "kairos.io/nvlink-domain"  # nodes one NVLink fabric joins (NVL72); default: the node
 PARTS_KEPT = 1 << 16  # allocations whose parts a node table keeps before it starts over
 
 
@@ -82,6 +83,7 @@ class NodeTable:
             (self.nvlink.max(axis=1, initial=0) != self.nvlink.min(axis=1, initial=0)).any())
         self.mask_cache: dict[object, BoolArray] = {}
         self.mig_cache: dict[str, IntArray] = {}
+        self.domain_cache: dict[str, IntArray] = {}
         # interned node states (see ClusterState.state_ids): what a node is (its class)
         # and has free; kept while the table is, up to MAX_STATES
         gclasses: dict[tuple[int, ...], int] = {}
@@ -122,6 +124,23 @@ class NodeTable:
             m = np.isin(self.gmodel, codes) if allowed else self.exists.copy()
             self.mask_cache[key] = m
         return m
+
+    def domains_of(self, scope: str) -> IntArray:
+        """Per node, the code of its domain at ``scope`` (an affinity's topology): "node",
+        "rack", or a node label key (-1: the node lacks the label, so it is in no domain;
+        an NVLink domain defaults to the node itself, as NVLink ends at an HGX board)."""
+        codes = self.domain_cache.get(scope)
+        if codes is None:
+            if scope == "node":
+                codes = np.arange(self.n, dtype=np.int64)
+            elif scope == "rack":
+                codes = self.rack
+            else:
+                values = [x.labels.get(scope, x.node_id if scope == NVLINK_DOMAIN else None) for x in self.nodes]
+                found, _ = _codes([v or "" for v in values])
+                codes = np.where([v is not None for v in values], found, -1).astype(np.int64)
+            self.domain_cache[scope] = codes
+        return codes
 
     def mig_masks(self, profile: str) -> IntArray:
         """Per GPU, the memory-slice masks of its MIG instances of ``profile``, padded with

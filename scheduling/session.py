@@ -91,6 +91,7 @@ class Session:
 
     def commit(self, info: JobInfo, binds: list[Bind]) -> None:
         self.plan.binds.extend(binds)
+        self.cycle.placed.append((info.job, binds))
         if self.future is not None:
             self.placer.apply_binds(self.future, binds)
         self.account(info.job.tenant, demand_of(binds))

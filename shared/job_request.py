@@ -30,7 +30,8 @@ def task_request(t: TaskSpec, target: int | None = None, cap: int | None = None)
     return TaskRequest(name=t.name, role=t.effective_role, replicas=replicas,
                        gpu=t.resources.gpu, gpu_memory_mib=t.resources.gpu_memory,
                        gpu_compute_pct=t.resources.gpu_compute, cpu_milli=t.resources.cpu,
-                       memory_mib=t.resources.memory, min_replicas=lo, max_replicas=hi)
+                       memory_mib=t.resources.memory, mig_profile=t.resources.mig or "",
+                       min_replicas=lo, max_replicas=hi)
 
 
 def task_requests(spec: JobSpec, targets: Mapping[str, int] | None = None,
@@ -51,6 +52,7 @@ def job_request(spec: JobSpec, *, job_id: str, queue: str, tenant: str, user: st
     it may run on those only. ``billing_weights``: its queue's, what one GPU-hour of a
     model counts as in fair share (``shared/billing.py``)."""
     models, ranks = _models(spec, admitted_models)
+    by_model = bool(spec.total_gpus or spec.mig_profiles)  # whole GPUs and MIG: gpuModel binds
     return JobRequest(
         job_id=job_id,
         tasks=task_requests(spec, targets, caps),
@@ -65,11 +67,12 @@ def job_request(spec: JobSpec, *, job_id: str, queue: str, tenant: str, user: st
         dataset=spec.dataset or "",
         preemptible=spec.preemptible,
         attempt=attempt,
-        gpu_models=models if spec.total_gpus else (),
-        gpu_model_ranks=ranks if spec.total_gpus else (),
-        gpu_speeds=spec.gpu_speeds if spec.total_gpus else (),
-        gpu_prices=prices(billing_weights) if spec.total_gpus and billing_weights else (),
+        gpu_models=models if by_model else (),
+        gpu_model_ranks=ranks if by_model else (),
+        gpu_speeds=spec.gpu_speeds if by_model else (),
+        gpu_prices=prices(billing_weights) if by_model and billing_weights else (),
         node_selector=dict(spec.node_selector),
+        labels=dict(spec.labels),
         tolerations=spec.core_tolerations,
         affinity=core_rules([(t.effective_role, t.affinity, t.anti_affinity) for t in spec.tasks],
                             {t.name: t.effective_role for t in spec.tasks}),

@@ -29,6 +29,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from scheduling.mig import check_profile
 from shared.gpu_models import expand, expand_all
 from shared.job_array import ArrayIndices, parse_array
 from shared.node_constraints import (
@@ -76,13 +77,23 @@ class Resources(_Spec):
     gpu_compute: Annotated[
         int, Field(ge=0, le=100, description="percent of one shared GPU's compute")
     ] = 0
+    mig: Annotated[str | None, Field(max_length=32, description=(
+        "one MIG instance of this profile per replica (1g.10gb, 3g.40gb): compute and memory "
+        "isolated by the hardware (scheduling/mig.py lists the profiles per GPU model)"))] = None
     cpu: Annotated[int, Field(ge=0, le=1_024_000, description="millicores")] = 1000
     memory: Annotated[int, Field(ge=0, le=16_777_216, description="MiB")] = 1024
+
+    @field_validator("mig")
+    @classmethod
+    def _profile(cls, v: str | None) -> str | None:
+        return None if v is None else check_profile(v)  # a ValueError names the known ones
 
     @model_validator(mode="after")
     def _whole_or_share(self) -> Resources:
         if self.gpu and (self.gpu_memory or self.gpu_compute):
             raise ValueError("ask for whole GPUs (gpu) or a share (gpuMemory/gpuCompute), not both")
+        if self.mig and (self.gpu or self.gpu_memory or self.gpu_compute):
+            raise ValueError("ask for a MIG instance (mig) or for GPUs (gpu, gpuMemory, gpuCompute), not both")
         return self
 
     @property
@@ -280,6 +291,8 @@ class JobSpec(_Spec):
         wrong = unknown_tasks({t.name: (t.affinity, t.anti_affinity) for t in self.tasks})
         if wrong:
             raise ValueError("; ".join(wrong))
+        for profile in self.mig_profiles:
+            check_profile(profile, self.gpu_models)  # a profile none of its models has
         if self.min_available is not None and self.min_available > self.total_replicas:
             raise ValueError(
                 f"minAvailable ({self.min_available}) exceeds total replicas ({self.total_replicas})"
@@ -353,6 +366,11 @@ class JobSpec(_Spec):
     @property
     def total_gpus(self) -> int:
         return sum(t.replicas * t.resources.gpu for t in self.tasks)
+
+    @property
+    def mig_profiles(self) -> tuple[str, ...]:
+        """The MIG profiles its tasks ask for, each once."""
+        return tuple(dict.fromkeys(t.resources.mig for t in self.tasks if t.resources.mig))
 
 
 def parse_job_spec(data: dict[str, Any]) -> JobSpec:

@@ -1,6 +1,7 @@
 """Every policy plugin; importing this package registers them by name."""
 
 from scheduling.plugins import (
+    affinity,
     fairshare,
     fgd,
     gang,
@@ -12,4 +13,4 @@ from scheduling.plugins import (
     throughput,
 )
 
-__all__ = ["fairshare", "fgd", "gang", "kairos_pack", "ordering", "placement", "predicates", "srpt", "throughput"]
+__all__ = ["affinity", "fairshare", "fgd", "gang", "kairos_pack", "ordering", "placement", "predicates", "srpt", "throughput"]

@@ -31,7 +31,7 @@ from services.admission.store import new_job_id
 from shared.bus import check_size
 from shared.durations import in_words
 from shared.events import Envelope, JobSubmitted, utcnow
-from shared.events.reasons import WaitReason
+from shared.events.reasons import WaitReason, mig_never_fits
 from shared.gpu_models import expand
 from shared.job_array import element_id, new_array_id
 from shared.jobspec import JobSpec
@@ -64,7 +64,7 @@ async def dry_run(intake: Intake, caller: Principal, spec: JobSpec) -> DryRunOut
         out.forecast = await forecast(intake, caller, on_model(one, quota.gpu_model))
     except forecaster.ForecastUnavailable as exc:
         out.forecast_unavailable = str(exc)
-    out.summary = summary(out, utcnow().timestamp())
+    out.summary = summary(out, utcnow().timestamp(), spec.mig_profiles)
     return out
 
 
@@ -194,7 +194,7 @@ def _nodes(nodes: list[str]) -> str:
     return named + (f" and {more} more" if more > 0 else "")
 
 
-def summary(out: DryRunOut, now: float) -> str:
+def summary(out: DryRunOut, now: float, mig: tuple[str, ...] = ()) -> str:
     """The answer in one sentence: "would start in about 12 min (between 8 and 20) on
     node3-1, node3-2; would finish about 2 h 10 min from now; blocked meanwhile by:
     quota of queue `research`"."""
@@ -211,8 +211,8 @@ def summary(out: DryRunOut, now: float) -> str:
         if f.finish is not None:
             parts.append(f"would finish about {in_words(f.finish.timestamp() - now)} from now")
     elif f is not None:
-        parts.append("no start expected within the forecast's horizon"
-                     + (f": {CONSTRAINED[f.reason]}" if f.reason in CONSTRAINED else ""))
+        why = mig_never_fits(mig) if mig and f.reason is WaitReason.NEVER_FITS else CONSTRAINED.get(f.reason)
+        parts.append("no start expected within the forecast's horizon" + (f": {why}" if why else ""))
     else:
         parts.append("would be accepted")
     blockers = [b for b in (out.quota.blocked_by, f.waits_for if f else None) if b]

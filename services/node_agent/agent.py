@@ -4,12 +4,13 @@ Bindings are idempotent (a task is keyed by job/task/attempt and started once,
 ``tasks.py``) and fenced (``fencing.py``: a binding from a stale scheduler epoch is
 refused; with its lease expired the agent stops its tasks and starts none). A ``resize``
 binding stops the replicas it names (checkpoint signal, grace period, kill) and starts
-the new ones; the job's other tasks are not touched. Reports go out through
-``reports.py`` (kept in the outbox while they cannot be published). Every task's start
-and end are kept in the node's journal (``journal.py``): after a restart ``reattach.py``
-takes back what the runtime still runs with all it had (time limit, GPUs, connection),
-and a reconcile that still lists a task that ended here gets its outcome again. Why a
-task ended travels as a code (``EndCause``) beside the words.
+the new ones; the job's other tasks are not touched. A binding granting a MIG instance
+this node does not have is refused whole (``mig.py``), its tasks reported failed.
+Reports go out through ``reports.py`` (kept in the outbox while they cannot be
+published). Every task's start and end are kept in the node's journal (``journal.py``):
+after a restart ``reattach.py`` takes back what the runtime still runs with all it had
+(time limit, GPUs, connection), and a reconcile that still lists a task that ended here
+gets its outcome again. Why a task ended travels as a code (``EndCause``) beside the words.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from services.node_agent.interactive import allocate, session_env
 from services.node_agent.inventory import gpu_memory_mib
 from services.node_agent.journal import Journal, TaskEntry
 from services.node_agent.lease import Lease
+from services.node_agent.mig import MigRefused, refusal, task_grants
 from services.node_agent.outbox import Outbox
 from services.node_agent.reattach import reattach
 from services.node_agent.rendezvous import rendezvous_env
@@ -134,8 +136,7 @@ class NodeAgent:
             return
         self._epochs.observe(b.epoch)
         if b.action is BindingAction.ALLOCATE:
-            for t in b.tasks:
-                await self._start(b, t, refused)
+            await self._start_all(b, refused)
         elif b.action is BindingAction.STOP:
             cause = b.stop_cause()
             stop_state = (JobState.PREEMPTED if cause in (EndCause.PREEMPTED, EndCause.DRAINED)
@@ -208,10 +209,29 @@ class NodeAgent:
             cause = b.cause or EndCause.RESIZED
             await asyncio.gather(*(self._stop(b, tid, JobState.CANCELLED, cause, "resized")
                                    for tid in stops))
-        for t in b.tasks:
-            await self._start(b, t, refused)
+        await self._start_all(b, refused)
 
-    async def _start(self, b: Binding, t: TaskBinding, refused: str | None = None) -> None:
+    async def _start_all(self, b: Binding, refused: str | None) -> None:
+        """Start the binding's tasks, or none: a MIG instance missing here refuses it whole
+        (never run on the whole GPU), its tasks reported failed so they are placed again."""
+        fresh = [t for t in b.tasks
+                 if not self._tasks.seen(task_key(b.job_id, t.task_id, b.attempt))]
+        try:
+            grants = {} if refused else {
+                t.task_id: task_grants(self.node_id, self.devices.devices(), t) for t in fresh}
+        except MigRefused as exc:
+            notice, ends = refusal(b, self.node_id, self.max_epoch, fresh, str(exc))
+            log.warning("binding refused", binding=b.binding_id, reason=str(exc))
+            await self._reports.send(notice, f"refused-{b.binding_id}-e{b.epoch}")
+            for key, status in ends:
+                self._tasks.remember(key)
+                await self._final(key, status)
+            return
+        for t in fresh:
+            await self._start(b, t, refused, grants.get(t.task_id, ()))
+
+    async def _start(self, b: Binding, t: TaskBinding, refused: str | None = None,
+                     grants: tuple[GpuGrant, ...] = ()) -> None:
         key = task_key(b.job_id, t.task_id, b.attempt)
         if self._tasks.seen(key):
             return  # a redelivered binding: started once already
@@ -238,7 +258,7 @@ class NodeAgent:
         launch = TaskLaunch(
             job_id=b.job_id, task_id=t.task_id, attempt=b.attempt, image=t.image,
             command=tuple(t.command), env=env,
-            gpus=tuple(GpuGrant(g.index, g.uuid, g.memory_mib, g.compute_pct) for g in t.gpus),
+            gpus=grants,
             cpu_milli=t.cpu_milli, memory_mib=t.memory_mib, duration_s=b.duration_s,
             rank=t.rank)
         self._tasks.live[launch.key] = rec = TaskRecord(launch, connection=conn,

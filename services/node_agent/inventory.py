@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from scheduling.mig import MEMORY_SLICES
 from services.node_agent.devices.base import DeviceBackend
 from shared import gpu_models
 from shared.events import GpuInfo, NodeInventory
+from shared.events.nodes import MigInstanceInfo
 from shared.node_constraints import parse_labels, parse_taints
 
 
@@ -16,7 +18,11 @@ def node_inventory(node_id: str, devices: DeviceBackend, cpu_milli: int,
     """Raises ValueError for labels or taints written wrong (the agent refuses to start)."""
     devs = devices.devices()
     gpus = [GpuInfo(index=d.index, uuid=d.uuid, model=d.model, memory_mib=d.memory_mib,
-                    nvlink_domain=d.nvlink_domain, nvlink_peers=list(d.nvlink_peers))
+                    nvlink_domain=d.nvlink_domain, nvlink_peers=list(d.nvlink_peers),
+                    mig_mode=d.mig_mode,
+                    mig_instances=[MigInstanceInfo(profile=m.profile, start=m.start,
+                                                   size=m.size, uuid=m.uuid)
+                                   for m in d.mig_instances])
             for d in devs]
     own = {"kairos.io/rack": rack} if rack else {}
     if devs:  # a node's GPUs are one model (a mixed node is labelled by its first)
@@ -32,7 +38,11 @@ def node_inventory(node_id: str, devices: DeviceBackend, cpu_milli: int,
         taints=parse_taints(taints))
 
 
-def gpu_memory_mib(inventory: NodeInventory, index: int) -> int:
-    """The memory of GPU ``index`` (0 for a GPU the node does not have)."""
-    gpus = {g.index: g.memory_mib for g in inventory.gpus}
-    return gpus.get(index, 0)
+def gpu_memory_mib(inventory: NodeInventory, index: int, mig_start: int = -1) -> int:
+    """The memory of GPU ``index``, or of its MIG instance at memory slice ``mig_start``
+    (its slices' part of the GPU's); 0 for a GPU or instance the node does not have."""
+    gpu = next((g for g in inventory.gpus if g.index == index), None)
+    if gpu is None or mig_start < 0:
+        return gpu.memory_mib if gpu is not None else 0
+    inst = next((m for m in gpu.mig_instances if m.start == mig_start), None)
+    return gpu.memory_mib * inst.size // MEMORY_SLICES if inst is not None else 0

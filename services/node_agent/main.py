@@ -52,8 +52,18 @@ def real_devices(settings: AgentSettings) -> DeviceBackend:
         return NvmlDevices()
     except NvmlUnavailable as exc:
         log.warning("no NVML here: simulated GPUs stand in", error=str(exc))
-        return SimulatedDevices(settings.node_id, settings.sim_gpus_per_node,
-                                settings.sim_gpu_model, settings.sim_gpu_memory_mib)
+        return sim_devices(settings, settings.node_id)
+
+
+def sim_devices(settings: AgentSettings, name: str) -> SimulatedDevices:
+    """Simulated GPUs of node ``name``; KAIROS_SIM_MIG_* written wrong stops the agent."""
+    profiles = [p.strip() for p in settings.sim_mig_profiles.split(",") if p.strip()]
+    try:
+        return SimulatedDevices(name, settings.sim_gpus_per_node, settings.sim_gpu_model,
+                                settings.sim_gpu_memory_mib, mig_profiles=profiles,
+                                mig_gpus=settings.sim_mig_gpus)
+    except ValueError as exc:
+        raise SystemExit(f"KAIROS_SIM_MIG_PROFILES: {exc}") from exc
 
 
 class AgentHost:
@@ -73,8 +83,7 @@ class AgentHost:
             names = ([settings.node_id] if settings.sim_nodes <= 1 else
                      [f"{settings.node_id}-{i}" for i in range(settings.sim_nodes)])
             for name in names:
-                devices = SimulatedDevices(name, settings.sim_gpus_per_node,
-                                           settings.sim_gpu_model, settings.sim_gpu_memory_mib)
+                devices = sim_devices(settings, name)
                 state = Path(settings.state_dir, name) if settings.state_dir else None
                 self._add(name, devices, partial(SimulatedRuntime, state_dir=state))
         elif settings.node_runtime in ("process", "kubernetes"):

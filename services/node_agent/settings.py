@@ -12,6 +12,10 @@ class AgentSettings(CommonSettings):
     sim_gpus_per_node: int = 8
     sim_gpu_model: str = "NVIDIA H100 80GB HBM3"
     sim_gpu_memory_mib: int = 81559
+    # simulated MIG: profiles laid out on each MIG GPU ("3g.40gb,2g.20gb,1g.10gb,1g.10gb"),
+    # on the node's first sim_mig_gpus GPUs (0: all of them); empty: no MIG
+    sim_mig_profiles: str = ""
+    sim_mig_gpus: int = 0
     node_cpu_milli: int = 128_000
     node_memory_mib: int = 1_048_576
     heartbeat_s: float = 5.0

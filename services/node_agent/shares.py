@@ -60,7 +60,8 @@ class ShareEnforcement:
             devices, _Stopper(stop), self._pids, grace_s=limits.grace_s,
             strikes=limits.strikes, tolerance_mib=limits.tolerance_mib) if task_pids else None
 
-    def started(self, launch: TaskLaunch, gpu_memory_mib: Callable[[int], int]) -> None:
+    def started(self, launch: TaskLaunch, gpu_memory_mib: Callable[[int, int], int]) -> None:
+        """``gpu_memory_mib(index, mig_start)``: a GPU's memory, or its MIG instance's."""
         if self.watchdog is not None:
             self.watchdog.watch(launch.key, launch.gpus)
         if self._simulate and launch.gpus:
@@ -72,7 +73,7 @@ class ShareEnforcement:
             wanted = launch.env.get(SIM_MEMORY_ENV, "")
             for g in launch.gpus:
                 use = int(wanted) if wanted.isdigit() else int(
-                    0.9 * (g.memory_mib or gpu_memory_mib(g.index)))
+                    0.9 * (g.memory_mib or gpu_memory_mib(g.index, g.mig_start)))
                 self._devices.run_process(g.index, pid, use)
 
     def ended(self, launch: TaskLaunch) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from scheduling import GpuUse
 from services.scheduler.model import SOURCE, Cluster, Output, Placed, SchedJob
 from shared.events import (
     Binding,
@@ -18,6 +19,7 @@ from shared.events import (
     GpuAssignment,
     TaskBinding,
 )
+from shared.events.nodes import GpuInfo
 from shared.jobspec import TaskSpec
 
 HELD_S = 10 * 365 * 86400.0  # a simulated interactive session runs until returned / its limit
@@ -130,18 +132,29 @@ class Bindings:
     def _task_binding(self, p: Placed, by_name: Mapping[str, TaskSpec], node_id: str,
                       local_rank: int, local_world_size: int) -> TaskBinding:
         view = self.cluster.nodes.get(node_id)
-        uuids = {g.index: g.uuid for g in view.inventory.gpus} if view else {}
+        gpus = {g.index: g for g in view.inventory.gpus} if view else {}
         spec = by_name[p.task_name]
         return TaskBinding(
             task_id=p.task_id, task_name=p.task_name, role=spec.effective_role,
             replica=p.replica, rank=p.rank, local_rank=local_rank,
             local_world_size=local_world_size,
-            gpus=[GpuAssignment(index=g.index, uuid=uuids.get(g.index, ""),
-                                memory_mib=g.memory_mib, compute_pct=g.compute_pct)
-                  for g in p.gpus],
+            gpus=[_assignment(g, gpus.get(g.index), spec.resources.mig or "") for g in p.gpus],
             cpu_milli=p.cpu_milli, memory_mib=p.memory_mib, image=spec.image,
             command=spec.command, env=spec.env)
 
     def _address(self, node_id: str) -> str:
         view = self.cluster.nodes.get(node_id)
         return (view.inventory.address or node_id) if view else node_id
+
+
+def _assignment(use: GpuUse, gpu: GpuInfo | None, profile: str) -> GpuAssignment:
+    """What the agent is to give the task of one GPU: the whole GPU, a share of it, or
+    one MIG instance of the task's profile, named by its place (the agent checks that it
+    has that instance there) and its UUID as the node reported it."""
+    if not use.mig_slots:
+        return GpuAssignment(index=use.index, uuid=gpu.uuid if gpu else "", memory_mib=use.memory_mib,
+                             compute_pct=use.compute_pct)
+    start = (use.mig_slots & -use.mig_slots).bit_length() - 1  # its lowest memory slice
+    inst = next((m for m in gpu.mig_instances if m.start == start), None) if gpu else None
+    return GpuAssignment(index=use.index, uuid=inst.uuid if inst else "", memory_mib=0, compute_pct=100,
+                         mig_profile=profile, mig_start=start)

@@ -57,10 +57,12 @@ class PendingNotices:
         self._said: dict[str, _Said] = {}
         self._sent: dict[str, int] = {}  # notices per job: their event ids
 
-    def update(self, plan: Plan, admitted: Mapping[str, int], now: float,
-               epoch: int) -> list[tuple[JobWaiting, str]]:
+    def update(self, plan: Plan, admitted: Mapping[str, int], now: float, epoch: int,
+               details: Mapping[str, str] | None = None) -> list[tuple[JobWaiting, str]]:
         """Notices for this cycle's plan: ``admitted`` maps each job still waiting for
-        placement to its attempt. Returns (event, event id) pairs to publish."""
+        placement to its attempt; ``details`` words a job's reason in its spec's terms
+        where the reason alone would not name the constraint. Returns (event, event id)
+        pairs to publish."""
         reserved = {r.job_id: r for r in plan.reservations}
         out = []
         for job_id, reason in plan.pending.items():
@@ -76,7 +78,7 @@ class PendingNotices:
                 continue
             self._said[job_id] = _Said(attempt, reason.value, behind, est)
             n = self._sent[job_id] = self._sent.get(job_id, 0) + 1
-            detail = DETAIL.get(reason, reason.value)
+            detail = (details or {}).get(job_id) or DETAIL.get(reason, reason.value)
             if res is not None:
                 detail += f"; backfill holds {', '.join(res.node_ids)} for it"
             out.append((JobWaiting(

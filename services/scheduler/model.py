@@ -59,7 +59,8 @@ class Placed:
         return {**{k: getattr(self, k) for k in (
             "task_id", "task_name", "replica", "rank", "node_id", "cpu_milli", "memory_mib",
             "attempt", "removed")}, "state": self.state.value,
-            "gpus": [[g.index, g.memory_mib, g.compute_pct] for g in self.gpus]}
+            "gpus": [[g.index, g.memory_mib, g.compute_pct, *([g.mig_slices, g.mig_slots] if g.mig_slots else [])]
+                     for g in self.gpus]}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Placed:

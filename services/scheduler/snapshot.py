@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from scheduling import Allocation, GpuSlot, JobRequest, Node, RunningJob, Snapshot
+from scheduling.mig import Instance
 from services.scheduler.history import gpu_key
 from services.scheduler.model import Cluster, NodeView, SchedJob
 from shared.events import JobState
@@ -37,7 +38,8 @@ def core_node(n: NodeView) -> Node:
         cpu_milli=n.inventory.cpu_milli,
         memory_mib=n.inventory.memory_mib,
         gpus=[GpuSlot(g.index, g.uuid, model_id(g.model, g.memory_mib), g.memory_mib,
-                      g.nvlink_domain, healthy=g.index not in n.degraded_gpus)
+                      g.nvlink_domain, healthy=g.index not in n.degraded_gpus, mig_mode=g.mig_mode,
+                      mig=tuple(Instance(m.profile, m.start, m.size) for m in g.mig_instances))
               for g in n.inventory.gpus],
         labels={**n.inventory.labels, **n.admin_labels},
         taints=hard_taints([*n.inventory.taints, *n.admin_taints]),

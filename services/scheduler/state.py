@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from scheduling import Plan, Snapshot
+from scheduling import PendingReason, Plan, Snapshot
 from scheduling.decay import DecayedUsage
 from services.scheduler.bindings import Bindings
 from services.scheduler.explain import PendingNotices
@@ -54,6 +54,7 @@ from shared.events import (
     NodeTelemetry,
     TransitionReason,
 )
+from shared.events.reasons import mig_never_fits
 
 Placer = Callable[[Snapshot], Plan]
 Handler = Callable[[Any, Output], None]
@@ -112,6 +113,16 @@ class SchedulerState(Cluster):
 
     # --- the cycle ---------------------------------------------------------------------
 
+    def _details(self, plan: Plan) -> dict[str, str]:
+        """Waits whose reason alone does not name the constraint: MIG profiles no node has."""
+        out = {}
+        for job_id, reason in plan.pending.items():
+            job = self.jobs.get(job_id)
+            if reason is PendingReason.NEVER_FITS and job is not None and job.ready is not None \
+                    and job.ready.spec.mig_profiles:
+                out[job_id] = mig_never_fits(job.ready.spec.mig_profiles)
+        return out
+
     def snapshot(self, now: float) -> Snapshot:
         return self.snapshots.snapshot(now)
 
@@ -127,7 +138,7 @@ class SchedulerState(Cluster):
         self.pending_reasons = {k: v.value for k, v in plan.pending.items()}
         admitted = {j: job.attempt for j in plan.pending
                     if (job := self.jobs.get(j)) is not None and job.state is JobState.ADMITTED}
-        for notice, event_id in self.notices.update(plan, admitted, now, self.epoch):
+        for notice, event_id in self.notices.update(plan, admitted, now, self.epoch, self._details(plan)):
             out.emit(notice, SOURCE, event_id=event_id)
         for pre in plan.preemptions:
             victim = self.jobs.get(pre.job_id)

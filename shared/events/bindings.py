@@ -18,6 +18,8 @@ class GpuAssignment(BaseModel):
     uuid: str = ""
     memory_mib: int = Field(0, description="0 = the whole GPU")
     compute_pct: int = Field(100, description="100 = the whole GPU")
+    mig_profile: str = Field("", description="a MIG instance of this profile, not the GPU")
+    mig_start: int = Field(-1, description="the MIG instance's first memory slice")
 
 
 class TaskBinding(BaseModel):

@@ -13,6 +13,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from shared.events.base import Event
 
 
+class MigInstanceInfo(BaseModel):
+    """One MIG instance configured on a GPU (scheduling/mig.py): NVML's placement."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    profile: str = Field(description="1g.10gb")
+    start: int = Field(ge=0, le=7, description="first memory slice of its placement")
+    size: int = Field(ge=1, le=8, description="memory slices it spans")
+    uuid: str = Field("", description="the MIG device's UUID, MIG-...")
+
+
 class GpuInfo(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
     index: int
@@ -22,6 +32,8 @@ class GpuInfo(BaseModel):
     nvlink_domain: int = 0
     nvlink_peers: list[int] = Field(default_factory=list)
     mig_mode: bool = False
+    mig_instances: list[MigInstanceInfo] = Field(
+        default_factory=list, description="MIG instances configured (mig_mode only)")
 
 
 class NodeInventory(BaseModel):

@@ -121,6 +121,12 @@ class WaitReason(StrEnum):
     UNKNOWN = "unknown"
 
 
+def mig_never_fits(profiles: tuple[str, ...]) -> str:
+    """Why a job asking for MIG instances no schedulable node has enough of waits."""
+    return (f"no schedulable node has enough MIG instances of {', '.join(profiles)}: each "
+            f"GPU's MIG geometry is set by an administrator (kairos nodes -o wide shows it)")
+
+
 class TransitionReason(StrEnum):
     """Why a job changed state; the table above says who sets which."""
 

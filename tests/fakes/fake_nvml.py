@@ -9,7 +9,7 @@ return shapes (the same ctypes structures: ``c_nvmlMemory_t`` in bytes,
 ``c_nvmlUtilization_t``, ``nvmlPciInfo_t`` whose ``busId`` is bytes, process info objects
 with ``pid``/``usedGpuMemory`` where ``usedGpuMemory`` may be ``None``). The values come
 from real devices: an 8-GPU HGX H100 (NVSwitch) node and A100 PCIe cards joined in pairs
-by NVLink bridges.
+by NVLink bridges, and MIG geometry as an A100 80GB in MIG mode reports it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,24 @@ MIB = 1024 * 1024
 
 # DGX H100 / HGX H100 PCI bus ids of its eight GPUs
 HGX_H100_BUS = ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"]
+
+
+@dataclass
+class FakeGpuInstance:
+    """A MIG GPU instance: its placement in memory slices."""
+
+    start: int
+    size: int
+    profile_id: int = 0  # NVML_GPU_INSTANCE_PROFILE_*; not read by the backend
+
+
+@dataclass
+class FakeMigDevice:
+    """A MIG device: one compute instance of a GPU instance, as CUDA enumerates it."""
+
+    gi_id: int
+    name: str  # "NVIDIA A100-SXM4-80GB MIG 3g.40gb"
+    uuid: str  # "MIG-..."
 
 
 @dataclass
@@ -47,6 +65,9 @@ class FakeGpu:
     unsupported: set[str] = field(default_factory=set)  # function names -> NotSupported
     lost: bool = False
     pending_events: list[tuple[int, int]] = field(default_factory=list)
+    max_mig_devices: int = 0  # nvmlDeviceGetMaxMigDeviceCount (7 on A100/H100); 0: no MIG
+    gpu_instances: dict[int, FakeGpuInstance] = field(default_factory=dict)  # by GI id
+    mig_devices: dict[int, FakeMigDevice] = field(default_factory=dict)  # by MIG index
 
     @property
     def bus_id(self) -> bytes:
@@ -60,6 +81,27 @@ class FakeGpu:
 
     def xid(self, code: int) -> None:
         self.pending_events.append((_real.nvmlEventTypeXidCriticalError, code))
+
+
+def enable_mig(gpu: FakeGpu, instances: list[tuple[str, int, int]],
+               compute_instances: dict[int, int] | None = None) -> None:
+    """MIG mode with these GPU instances ((profile, start, size)); ``compute_instances``:
+    GPU instance position -> how many compute instances it is split into (1 by default).
+    MIG devices are numbered as the driver does, not by placement, with unused indices."""
+    gpu.mig, gpu.max_mig_devices = (1, 1), 7
+    gpu.gpu_instances, gpu.mig_devices = {}, {}
+    slot = 0
+    for pos, (profile, start, size) in reversed(list(enumerate(instances))):
+        gi_id = 1 + pos * 2  # GI ids are the driver's, not consecutive
+        gpu.gpu_instances[gi_id] = FakeGpuInstance(start, size)
+        split = (compute_instances or {}).get(pos, 1)
+        for ci in range(split):
+            name = profile if split == 1 else f"{int(profile[0]) // split}c.{profile}"
+            gpu.mig_devices[slot] = FakeMigDevice(
+                gi_id, f"{gpu.name} MIG {name}",
+                f"MIG-{gpu.uuid[4:12]}-{gi_id:04x}-{ci:04x}-a1b2-c3d4e5f6a7b8")
+            slot += 2 if ci == split - 1 else 1  # an empty index after each GPU instance
+    gpu.max_mig_devices = max(gpu.max_mig_devices, slot)
 
 
 def h100_hgx(count: int = 8) -> list[FakeGpu]:
@@ -101,6 +143,18 @@ class _Handle:
         self.index = index
 
 
+class _MigHandle:
+    def __init__(self, index: int, slot: int) -> None:
+        self.index = index  # the GPU
+        self.slot = slot  # its MIG device index
+
+
+class _GpuInstance:
+    def __init__(self, index: int, gi_id: int) -> None:
+        self.index = index
+        self.gi_id = gi_id
+
+
 class _EventSet:
     def __init__(self) -> None:
         self.devices: list[int] = []
@@ -136,6 +190,13 @@ class FakeNvml:
             self._raise(_real.NVML_ERROR_NOT_SUPPORTED)
         return gpu
 
+    def _mig(self, handle: Any, fn: str) -> FakeMigDevice:
+        """A MIG device handle's device (a GPU's handle is not one: invalid argument)."""
+        if not isinstance(handle, _MigHandle):
+            self._raise(_real.NVML_ERROR_INVALID_ARGUMENT)
+        self._dev(_Handle(handle.index), fn)
+        return self.gpus[handle.index].mig_devices[handle.slot]
+
     # --- the pynvml functions the backend calls ----------------------------------------
 
     def nvmlInit(self) -> None:
@@ -164,10 +225,46 @@ class FakeNvml:
         return handle
 
     def nvmlDeviceGetName(self, handle: Any) -> str:
+        if isinstance(handle, _MigHandle):
+            return self._mig(handle, "nvmlDeviceGetName").name
         return self._dev(handle, "nvmlDeviceGetName").name
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        if isinstance(handle, _MigHandle):
+            return self._mig(handle, "nvmlDeviceGetUUID").uuid
         return self._dev(handle, "nvmlDeviceGetUUID").uuid
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int:
+        gpu = self._dev(device, "nvmlDeviceGetMaxMigDeviceCount")
+        if not gpu.max_mig_devices:
+            self._raise(_real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.max_mig_devices
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> _MigHandle:
+        gpu = self._dev(device, "nvmlDeviceGetMigDeviceHandleByIndex")
+        if not 0 <= index < gpu.max_mig_devices:
+            self._raise(_real.NVML_ERROR_INVALID_ARGUMENT)
+        if index not in gpu.mig_devices:
+            self._raise(_real.NVML_ERROR_NOT_FOUND)
+        return _MigHandle(device.index, index)
+
+    def nvmlDeviceGetGpuInstanceId(self, device: Any) -> int:
+        return self._mig(device, "nvmlDeviceGetGpuInstanceId").gi_id
+
+    def nvmlDeviceGetGpuInstanceById(self, device: Any, gpuInstanceId: int) -> _GpuInstance:
+        gpu = self._dev(device, "nvmlDeviceGetGpuInstanceById")
+        if gpuInstanceId not in gpu.gpu_instances:
+            self._raise(_real.NVML_ERROR_NOT_FOUND)
+        return _GpuInstance(device.index, gpuInstanceId)
+
+    def nvmlGpuInstanceGetInfo(self, gpuInstance: Any) -> Any:
+        if not isinstance(gpuInstance, _GpuInstance):
+            self._raise(_real.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = self._dev(_Handle(gpuInstance.index), "nvmlGpuInstanceGetInfo")
+        gi = gpu.gpu_instances[gpuInstance.gi_id]
+        return _real.c_nvmlGpuInstanceInfo_t(
+            id=gpuInstance.gi_id, profileId=gi.profile_id,
+            placement=_real.c_nvmlGpuInstancePlacement_t(start=gi.start, size=gi.size))
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:
         gpu = self._dev(handle, "nvmlDeviceGetMemoryInfo")

@@ -21,6 +21,26 @@ def test_the_example_cluster_loads_as_its_agents_will_report_it() -> None:
     assert ampere["KAIROS_NODE_TAINTS"] == "dedicated=ml:NoSchedule"
     assert ampere["KAIROS_NODE_LABELS"] == "zone=b"
     assert int(ampere["KAIROS_SIM_GPU_MEMORY_MIB"]) == 81560  # as NVML would, under 80 GiB
+    assert ampere["KAIROS_SIM_MIG_PROFILES"] == "3g.40gb,2g.20gb,1g.10gb,1g.10gb"
+    assert ampere["KAIROS_SIM_MIG_GPUS"] == "2"
+    hopper = spec.node_groups[0].agent_env()  # no MIG: says so, whatever was exported
+    assert (hopper["KAIROS_SIM_MIG_PROFILES"], hopper["KAIROS_SIM_MIG_GPUS"]) == ("", "0")
+
+
+def test_a_mig_group_is_what_its_agents_lay_out() -> None:
+    """The settings a group passes build the simulated GPUs the spec describes."""
+    from services.node_agent.devices.simulated import SimulatedDevices
+
+    g = NodeGroup.model_validate({"name": "a", "count": 1, "gpuModel": "A100-80GB",
+                                  "gpus": 4, "mig": {"profiles": ["7g.80gb"]}})
+    env = g.agent_env()
+    assert env["KAIROS_SIM_MIG_GPUS"] == "0"  # all of them
+    devs = SimulatedDevices("a0-0", int(env["KAIROS_SIM_GPUS_PER_NODE"]),
+                            env["KAIROS_SIM_GPU_MODEL"], int(env["KAIROS_SIM_GPU_MEMORY_MIB"]),
+                            mig_profiles=env["KAIROS_SIM_MIG_PROFILES"].split(","),
+                            mig_gpus=int(env["KAIROS_SIM_MIG_GPUS"])).devices()
+    assert all(d.mig_mode for d in devs)
+    assert [(m.profile, m.start, m.size) for m in devs[3].mig_instances] == [("7g.80gb", 0, 8)]
 
 
 @pytest.mark.parametrize(("group", "says"), [
@@ -28,6 +48,16 @@ def test_the_example_cluster_loads_as_its_agents_will_report_it() -> None:
     ({"name": "x", "count": 1, "taints": ["a=b"]}, "expected key=value:Effect"),
     ({"name": "X y", "count": 1}, "name"),
     ({"name": "x", "count": 0}, "count"),
+    ({"name": "x", "count": 1, "mig": {"profiles": ["1g.5gb"]}},
+     "H100-80GB has no MIG profile '1g.5gb'"),
+    ({"name": "x", "count": 1, "mig": {"profiles": ["4g.40gb", "3g.40gb", "1g.10gb"]}},
+     "do not fit together on one H100-80GB"),
+    ({"name": "x", "count": 1, "gpuModel": "Tesla V100-SXM2-32GB",
+      "mig": {"profiles": ["1g.10gb"]}}, "V100-32GB is not MIG-capable"),
+    ({"name": "x", "count": 1, "gpus": 2, "mig": {"gpus": 3, "profiles": ["1g.10gb"]}},
+     "mig.gpus 3 is more than the group's 2 GPUs"),
+    ({"name": "x", "count": 1, "mig": {"profiles": []}}, "profiles"),
+    ({"name": "x", "count": 1, "mig": {"profiles": ["1g.10gb"], "slices": 7}}, "slices"),
 ])
 def test_a_group_written_wrong_says_what(group: dict[str, object], says: str) -> None:
     with pytest.raises(ValueError, match=says):

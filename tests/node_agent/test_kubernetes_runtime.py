@@ -10,15 +10,17 @@ moves Pods Pending -> Running -> Succeeded/Failed on each read, as the container
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from kubernetes import client as k8s
 
+from services.node_agent.isolation.mps import MpsDaemon
 from services.node_agent.runtimes.base import GpuGrant, TaskLaunch
 from services.node_agent.runtimes.kubernetes import KubernetesRuntime
 from services.node_agent.runtimes.kubernetes_names import pod_name
 from tests.fakes.fake_k8s import FakeKubernetes
-from tests.node_agent.helpers import Exits, launch, until
+from tests.node_agent.helpers import Exits, install_fake_mps, launch, until
 
 UUIDS = ("GPU-4a3d0a3c-52b1-0c6e-8f1e-1b2c3d4e5f00", "GPU-4a3d0a3c-52b1-0c6e-8f1e-1b2c3d4e5f01")
 
@@ -99,6 +101,28 @@ async def test_failure_and_shares(fake: FakeKubernetes) -> None:
            for e in fake.pod(pod_name(cpu_only.key))["spec"]["containers"][0]["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"] == "void"  # CUDA images default to "all"
     await rt.stop(cpu_only.key, 0)
+    await rt.close()
+
+
+async def test_a_mig_instance_is_selected_by_its_uuid_alone_without_mps(
+        fake: FakeKubernetes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = install_fake_mps(tmp_path, monkeypatch.setenv)
+    exits = Exits()
+    rt = runtime(fake, exits, device_memory_mib={2: 81920},
+                 mps=MpsDaemon(tmp_path / "state"))
+    mig = "MIG-7c3b5e1a-0f42-5d9e-b8a1-2e4f6a8c0d13"
+    t = launch("k-mig", "w", 1, "run", env={"FAKE_K8S_EXIT": "never"},
+               gpus=(GpuGrant(2, mig, mig_profile="1g.10gb", mig_start=3),))
+    await rt.start(t)
+    pod = fake.pod(pod_name(t.key))
+    container = pod["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == mig  # that instance, not GPU 2
+    assert not any(k.startswith(("CUDA_MPS", "KAIROS_GPU_")) for k in env)
+    assert "nvidia.com" not in str(container["resources"])  # no gpu, no mig-* resource
+    assert not pod["spec"].get("hostIPC") and not pod["spec"].get("volumes")
+    assert not calls.exists()  # a MIG instance is no share: MPS never started
+    await rt.stop(t.key, 0)
     await rt.close()
 
 

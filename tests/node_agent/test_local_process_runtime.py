@@ -69,6 +69,24 @@ async def test_share_limits_reach_the_task_and_job_env_cannot_override_them(
     assert "TF_FORCE_GPU_ALLOW_GROWTH=false" in out  # a hint: the job may override it
 
 
+async def test_a_mig_grant_sees_its_instance_alone_and_no_share_limits(
+        runtime: LocalProcessRuntime, exits: Exits) -> None:
+    mig = "MIG-7c3b5e1a-0f42-5d9e-b8a1-2e4f6a8c0d13"
+    # memory and compute given anyway: meaningless for an instance, never made a share
+    task = launch("j-mig", "w", 1, *sh("env | sort"),
+                  env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"},
+                  gpus=(GpuGrant(3, mig, memory_mib=20390, compute_pct=25,
+                                 mig_profile="1g.10gb", mig_start=3),))
+    await runtime.start(task)
+    await exits.wait(task.key)
+    out = runtime.logs(task.key).splitlines()
+    assert [line for line in out if line.startswith("CUDA_VISIBLE_DEVICES=")] == [
+        f"CUDA_VISIBLE_DEVICES={mig}"]  # the job's own value cannot widen it
+    # hardware isolation: no MPS limits, no framework hints of a share
+    assert not [line for line in out if line.startswith(("CUDA_MPS_", "KAIROS_GPU_",
+                                                         "XLA_PYTHON_CLIENT_MEM"))]
+
+
 async def test_no_gpus_hides_all_gpus(runtime: LocalProcessRuntime, exits: Exits) -> None:
     task = launch("j3", "ps-0", 1, *sh('echo "[$CUDA_VISIBLE_DEVICES]"'))
     await runtime.start(task)

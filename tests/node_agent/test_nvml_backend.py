@@ -19,8 +19,15 @@ import pynvml
 import pytest
 
 from services.node_agent.devices import nvml as nvml_backend
+from services.node_agent.devices.base import MigDevice
 from services.node_agent.devices.nvml import NvmlDevices, NvmlUnavailable
-from tests.fakes.fake_nvml import FAKE_FUNCTIONS, FakeNvml, a100_pcie_bridged, h100_hgx
+from tests.fakes.fake_nvml import (
+    FAKE_FUNCTIONS,
+    FakeNvml,
+    a100_pcie_bridged,
+    enable_mig,
+    h100_hgx,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -120,6 +127,56 @@ def test_ecc_xid_temperature_and_lost_gpu_mark_degraded(hgx: FakeNvml) -> None:
     assert lost.degraded()
     assert lost.last_xid == 79
     assert backend.sample()[5].xid_errors == 1  # counted once, stays degraded
+
+
+MIXED = [("2g.20gb", 0, 2), ("1g.10gb", 2, 1), ("1g.10gb", 3, 1), ("3g.40gb", 4, 4)]
+
+
+def test_mig_instances_are_read_with_profile_placement_and_uuid(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus = a100_pcie_bridged(2)
+    enable_mig(gpus[0], MIXED, compute_instances={3: 3})  # 3g.40gb split in three
+    monkeypatch.setattr(nvml_backend, "pynvml", FakeNvml(gpus))
+    d0, d1 = NvmlDevices().devices()
+    assert d0.mig_mode and not d1.mig_mode
+    assert d1.mig_instances == ()
+    # one entry per GPU instance (its first compute instance), by start
+    assert [(m.profile, m.start, m.size) for m in d0.mig_instances] == MIXED
+    assert all(m.uuid.startswith("MIG-") for m in d0.mig_instances)
+    assert len({m.uuid for m in d0.mig_instances}) == 4
+    by_start = {m.start: m for m in d0.mig_instances}
+    first_ci = next(m for m in gpus[0].mig_devices.values()
+                    if m.name.endswith("MIG 1c.3g.40gb"))
+    assert by_start[4].uuid == first_ci.uuid
+    assert d0.mig_instance(3) == MigDevice("1g.10gb", 3, 1, by_start[3].uuid)
+    assert d0.mig_instance(5) is None
+    json.dumps(nvml_backend.asdict(d0))  # the probe prints them
+
+
+@pytest.mark.parametrize("missing", ["nvmlDeviceGetMaxMigDeviceCount",
+                                     "nvmlDeviceGetGpuInstanceById",
+                                     "nvmlGpuInstanceGetInfo"])
+def test_a_mig_call_unsupported_leaves_the_gpu_without_instances(
+        monkeypatch: pytest.MonkeyPatch, missing: str) -> None:
+    gpus = a100_pcie_bridged(1)
+    enable_mig(gpus[0], MIXED)
+    gpus[0].unsupported = {missing}
+    monkeypatch.setattr(nvml_backend, "pynvml", FakeNvml(gpus))
+    (d0,) = NvmlDevices().devices()
+    assert d0.mig_mode
+    assert d0.mig_instances == ()
+    assert d0.uuid.startswith("GPU-")  # the rest of the GPU is still read
+
+
+def test_a_pynvml_without_mig_calls_reports_no_instances(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus = a100_pcie_bridged(1)
+    enable_mig(gpus[0], MIXED)
+    fake = FakeNvml(gpus)
+    monkeypatch.setattr(type(fake), "nvmlDeviceGetMigDeviceHandleByIndex", property(
+        lambda self: (_ for _ in ()).throw(AttributeError("old nvidia-ml-py"))))
+    monkeypatch.setattr(nvml_backend, "pynvml", fake)
+    assert NvmlDevices().devices()[0].mig_instances == ()
 
 
 def test_no_driver_raises_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -128,6 +128,10 @@ class JobBuilder:
         self._job["tolerations"] = t
         return self
 
+    def labels(self, **kv: str) -> JobBuilder:
+        self._job["labels"] = kv
+        return self
+
     def affinity(self, *rules: AffinityRule) -> JobBuilder:
         self._job["affinity"] = rules
         return self

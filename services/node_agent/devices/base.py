@@ -17,6 +17,17 @@ APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 
 @dataclass(frozen=True)
+class MigDevice:
+    """One MIG (GPU) instance configured on a GPU: its profile, its placement in memory
+    slices (NVML's ``nvmlGpuInstanceGetInfo``) and the UUID CUDA selects it by."""
+
+    profile: str  # "1g.10gb"
+    start: int  # first memory slice
+    size: int  # memory slices spanned
+    uuid: str  # "MIG-..."
+
+
+@dataclass(frozen=True)
 class GpuDevice:
     index: int
     uuid: str
@@ -28,6 +39,11 @@ class GpuDevice:
     nvlink_domain: int = 0
     pci_bus_id: str = ""
     numa_node: int | None = None
+    mig_instances: tuple[MigDevice, ...] = ()  # in MIG mode only, by start
+
+    def mig_instance(self, start: int) -> MigDevice | None:
+        """The MIG instance whose placement begins at memory slice ``start``."""
+        return next((m for m in self.mig_instances if m.start == start), None)
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,22 @@ XID errors: NVML exposes them only as events, so one event set per GPU is regist
 critical XIDs and drained (without blocking) at every sample; application-caused XIDs
 (``APPLICATION_XIDS``) are not counted. A GPU that NVML reports lost counts as XID 79
 ("fallen off the bus").
+
+MIG: a GPU in MIG mode lists its instances (``MigDevice``): each MIG device handle
+gives its UUID, its profile (in its name, "NVIDIA A100-SXM4-40GB MIG 1g.5gb") and its GPU
+instance, whose placement (start and size in memory slices) NVML reports. A GPU instance
+split into several compute instances has one MIG device for each; Kairos grants a GPU
+instance whole, so it is listed once, by its first MIG device (a compute instance's name,
+"MIG 1c.3g.40gb", still carries its GPU instance's profile). Reading placements needs the
+MIG monitor capability (root, or /dev/nvidia-caps); without it, or on a driver without
+these calls, the GPU is reported with no instances.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import asdict
@@ -35,15 +45,26 @@ except ImportError:  # pragma: no cover - nvidia-ml-py is a dependency; a probe 
     pynvml = None  # type: ignore[assignment]
 
 if __package__:
-    from services.node_agent.devices.base import APPLICATION_XIDS, GpuDevice, GpuSample
+    from services.node_agent.devices.base import (
+        APPLICATION_XIDS,
+        GpuDevice,
+        GpuSample,
+        MigDevice,
+    )
 else:  # pragma: no cover - run as a loose file on a GPU host next to base.py
-    from base import APPLICATION_XIDS, GpuDevice, GpuSample  # type: ignore[no-redef]
+    from base import (  # type: ignore[no-redef]
+        APPLICATION_XIDS,
+        GpuDevice,
+        GpuSample,
+        MigDevice,
+    )
 
 log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 XID_GPU_LOST = 79
 _MAX_EVENTS_PER_SAMPLE = 64
+_MIG_PROFILE = re.compile(r"(\d+g\.\d+gb)")  # "... MIG 1g.10gb", "... MIG 1c.3g.40gb"
 
 
 class NvmlUnavailable(RuntimeError):
@@ -104,7 +125,7 @@ class NvmlDevices:
 
     def _read_inventory(self) -> list[GpuDevice]:
         nv = self._nvml
-        raw = []
+        raw: list[dict[str, Any]] = []
         for i, h in enumerate(self._handles):
             mem = self._get(i, nv.nvmlDeviceGetMemoryInfo, h)
             cc = self._get(i, nv.nvmlDeviceGetCudaComputeCapability, h)
@@ -119,6 +140,8 @@ class NvmlDevices:
                 "mig_mode": bool(mig) and mig[0] == nv.NVML_DEVICE_MIG_ENABLE,
                 "pci_bus_id": _bus_key(pci.busId) if pci is not None else "",
             })
+            if raw[-1]["mig_mode"]:
+                raw[-1]["mig_instances"] = self._mig_instances(i, h)
         by_bus = {d["pci_bus_id"]: d["index"] for d in raw if d["pci_bus_id"]}
         peers: dict[int, set[int]] = {d["index"]: set() for d in raw}
         switched: set[int] = set()
@@ -141,6 +164,33 @@ class NvmlDevices:
             )
             for d in raw
         ]
+
+    def _mig_instances(self, index: int, handle: Any) -> tuple[MigDevice, ...]:
+        """The GPU's MIG instances, one per GPU instance, by start; an instance whose
+        reads fail is left out (it cannot be granted without its UUID and placement)."""
+        nv = self._nvml
+        if not hasattr(nv, "nvmlDeviceGetMigDeviceHandleByIndex"):  # an old nvidia-ml-py
+            return ()
+        found: dict[int, MigDevice] = {}  # GPU instance id -> its first MIG device
+        for k in range(self._get(index, nv.nvmlDeviceGetMaxMigDeviceCount, handle, default=0)):
+            mig = self._get(index, nv.nvmlDeviceGetMigDeviceHandleByIndex, handle, k)
+            if mig is None:  # NVMLError_NotFound: no MIG device at this index
+                continue
+            gi_id = self._get(index, nv.nvmlDeviceGetGpuInstanceId, mig)
+            if gi_id is None or gi_id in found:  # another compute instance of one we have
+                continue
+            name = _MIG_PROFILE.search(_text(self._get(index, nv.nvmlDeviceGetName, mig,
+                                                       default="")))
+            uuid = _text(self._get(index, nv.nvmlDeviceGetUUID, mig, default=""))
+            gi = self._get(index, nv.nvmlDeviceGetGpuInstanceById, handle, gi_id)
+            info = None if gi is None else self._get(index, nv.nvmlGpuInstanceGetInfo, gi)
+            if name is None or not uuid or info is None:
+                log.info("GPU %d: MIG device %d left out (profile, UUID or placement unread)",
+                         index, k)
+                continue
+            found[gi_id] = MigDevice(profile=name.group(1), start=int(info.placement.start),
+                                     size=int(info.placement.size), uuid=uuid)
+        return tuple(sorted(found.values(), key=lambda m: m.start))
 
     def _nvlink_remotes(self, index: int, handle: Any) -> list[str]:
         """PCI bus ids of the GPUs at the far end of each active link ("switch" for NVSwitch)."""

@@ -2,20 +2,30 @@
 
 Simulated tasks also appear as processes with their GPU memory (``run_process``), as
 NVML's per-process memory does, so the share watchdog works the same on a simulated node.
+
+MIG: the first ``mig_gpus`` GPUs (all, with 0) are in MIG mode with ``mig_profiles`` laid
+out on each as ``nvidia-smi mig -cgi`` would (``scheduling.mig.layout``); an instance's
+UUID is derived from its node, GPU and start, so it is the same at every start.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 
-from services.node_agent.devices.base import GpuDevice, GpuSample
-from shared.gpu_models import compute_capability
+from scheduling.mig import layout
+from services.node_agent.devices.base import GpuDevice, GpuSample, MigDevice
+from shared.gpu_models import compute_capability, model_id
 
 
 class SimulatedDevices:
     def __init__(self, node_id: str, count: int = 8, model: str = "NVIDIA H100 80GB HBM3",
-                 memory_mib: int = 81559) -> None:
+                 memory_mib: int = 81559, mig_profiles: Sequence[str] = (),
+                 mig_gpus: int = 0) -> None:
+        """ValueError if the MIG profiles are not the model's or do not fit one GPU."""
         self.node_id = node_id
+        mig = layout(model_id(model, memory_mib), list(mig_profiles)) if mig_profiles else ()
+        in_mig = (mig_gpus or count) if mig else 0
         self._devices = [
             GpuDevice(
                 index=i,
@@ -25,6 +35,9 @@ class SimulatedDevices:
                 compute_capability=compute_capability(model),
                 nvlink_peers=tuple(j for j in range(count) if j != i and j // 4 == i // 4),
                 nvlink_domain=i // 4,
+                mig_mode=i < in_mig,
+                mig_instances=tuple(MigDevice(m.profile, m.start, m.size, _mig_uuid(
+                    node_id, i, m.start)) for m in mig) if i < in_mig else (),
             )
             for i in range(count)
         ]
@@ -69,3 +82,7 @@ class SimulatedDevices:
 
     def close(self) -> None:
         return None
+
+
+def _mig_uuid(node_id: str, index: int, start: int) -> str:
+    return "MIG-" + hashlib.sha1(f"{node_id}/{index}/{start}".encode()).hexdigest()[:32]

@@ -32,8 +32,13 @@ ENFORCED_VARS = frozenset({
 })
 
 
+def _shared(g: GpuGrant) -> bool:
+    """A share of a GPU; a MIG instance never is (the hardware isolates it: no MPS)."""
+    return not g.is_mig and (g.memory_mib > 0 or g.compute_pct < 100)
+
+
 def is_share(grants: Sequence[GpuGrant]) -> bool:
-    return any(g.memory_mib > 0 or g.compute_pct < 100 for g in grants)
+    return any(_shared(g) for g in grants)
 
 
 def share_env(grants: Sequence[GpuGrant],
@@ -48,17 +53,20 @@ def share_env(grants: Sequence[GpuGrant],
     if not is_share(grants):
         return {}
     env: dict[str, str] = {}
-    compute = [g.compute_pct for g in grants if g.compute_pct < 100]
+    compute = [g.compute_pct for g in grants if _shared(g) and g.compute_pct < 100]
     if compute:  # one value per client process: the smallest share binds
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, min(compute)))
-    limits = [f"{pos}={g.memory_mib}M" for pos, g in enumerate(grants) if g.memory_mib > 0]
+    limits = [f"{pos}={g.memory_mib}M" for pos, g in enumerate(grants) if _shared(g)
+              and g.memory_mib > 0]
     if limits:
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(limits)
-    env["KAIROS_GPU_MEMORY_LIMIT_MIB"] = ",".join(str(g.memory_mib) for g in grants)
-    env["KAIROS_GPU_COMPUTE_PCT"] = ",".join(str(g.compute_pct) for g in grants)
+    env["KAIROS_GPU_MEMORY_LIMIT_MIB"] = ",".join(
+        str(g.memory_mib if _shared(g) else 0) for g in grants)
+    env["KAIROS_GPU_COMPUTE_PCT"] = ",".join(
+        str(g.compute_pct if _shared(g) else 100) for g in grants)
     totals = device_memory_mib or {}
     fractions = [g.memory_mib / totals[g.index] for g in grants
-                 if g.memory_mib > 0 and totals.get(g.index)]
+                 if _shared(g) and g.memory_mib > 0 and totals.get(g.index)]
     # framework hints (a job may override these in its own env)
     env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
     env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"

@@ -46,8 +46,8 @@ class ShareWatchdog:
         self._stopping: set[asyncio.Future[None]] = set()
 
     def watch(self, key: str, grants: Sequence[GpuGrant]) -> None:
-        """Watch a task holding GPU shares (whole-GPU tasks need no watching)."""
-        if any(g.memory_mib > 0 for g in grants):
+        """Watch a task holding GPU shares (whole GPUs and MIG instances need none)."""
+        if any(g.memory_mib > 0 and not g.is_mig for g in grants):
             self._grants[key] = tuple(grants)
 
     def unwatch(self, key: str) -> None:
@@ -55,7 +55,8 @@ class ShareWatchdog:
         self._strikes.pop(key, None)
 
     def _violation(self, key: str, usage: dict[int, int]) -> str | None:
-        limits = {g.index: g.memory_mib for g in self._grants[key]}
+        # a MIG instance's memory is bounded by the hardware: no limit of ours on it
+        limits = {g.index: 0 if g.is_mig else g.memory_mib for g in self._grants[key]}
         for index, used in sorted(usage.items()):
             if index not in limits:
                 return f"GPU {index} used {used} MiB but was not granted to it"

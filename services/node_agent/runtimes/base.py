@@ -17,12 +17,19 @@ from typing import Protocol
 
 @dataclass(frozen=True)
 class GpuGrant:
-    """A GPU (or share of one) granted to the task."""
+    """A GPU (or share of one, or a MIG instance of one) granted to the task."""
 
     index: int
-    uuid: str = ""
+    uuid: str = ""  # a MIG grant: the instance's, "MIG-..."
     memory_mib: int = 0  # 0 = whole GPU
     compute_pct: int = 100
+    mig_profile: str = ""  # set: the MIG instance at memory slice mig_start, not the GPU
+    mig_start: int = -1
+
+    @property
+    def is_mig(self) -> bool:
+        """A MIG instance: isolated by the hardware, never a share (no MPS, no watchdog)."""
+        return bool(self.mig_profile)
 
 
 @dataclass(frozen=True)

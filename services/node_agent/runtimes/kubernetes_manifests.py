@@ -2,8 +2,9 @@
 headless Service. Pure: the runtime sends them.
 
 Kairos chooses the GPUs, so the Pod selects them by UUID through the NVIDIA container
-runtime's ``NVIDIA_VISIBLE_DEVICES`` (``void`` for none: CUDA images default to ``all``)
-and does NOT request ``nvidia.com/gpu``: the device plugin would book the GPUs a second
+runtime's ``NVIDIA_VISIBLE_DEVICES`` (``void`` for none: CUDA images default to ``all``;
+a MIG instance by its ``MIG-`` UUID, which the toolkit mounts alone) and does NOT request
+``nvidia.com/gpu`` (nor ``nvidia.com/mig-*``): the device plugin would book the GPUs a second
 time (the node's NVIDIA container toolkit must accept the variable:
 ``accept-nvidia-visible-devices-envvar-when-unprivileged``, its default).
 ``spec.nodeName`` binds the Pod to this node, bypassing the kube-scheduler as a

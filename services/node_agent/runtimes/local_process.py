@@ -139,8 +139,10 @@ class LocalProcessRuntime:
         grants = launch.gpus
         platform: dict[str, str] = {
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            # a MIG instance only by its UUID: an index would expose the whole GPU
             "CUDA_VISIBLE_DEVICES": ",".join(
-                g.uuid if all(x.uuid for x in grants) else str(g.index) for g in grants),
+                g.uuid if g.is_mig or all(x.uuid for x in grants) else str(g.index)
+                for g in grants),
             "KAIROS_JOB_ID": launch.job_id,
             "KAIROS_TASK_ID": launch.task_id,
             "KAIROS_ATTEMPT": str(launch.attempt),

@@ -197,7 +197,8 @@ class SimulatedRuntime:
     @staticmethod
     def _lines(sim: _SimTask) -> list[str]:
         la, env = sim.launch, sim.launch.env
-        gpus = ", ".join(f"{g.index}" + (f" ({g.memory_mib} MiB, {g.compute_pct}%)"
+        gpus = ", ".join(f"{g.index}" + (f" (MIG {g.mig_profile} at {g.mig_start})" if g.is_mig
+                                         else f" ({g.memory_mib} MiB, {g.compute_pct}%)"
                                          if g.memory_mib else "") for g in la.gpus) or "none"
         lines = [f"{_stamp(sim.started)} [kairos-sim] {la.task_id} of {la.job_id} attempt "
                  f"{la.attempt}: rank {env.get('RANK', '0')} of {env.get('WORLD_SIZE', '1')}, "

@@ -73,12 +73,27 @@ def test_task_affinity_becomes_the_cores_rules_between_roles() -> None:
 
 @pytest.mark.parametrize(("rule", "error"), [
     ({"task": "nope"}, "names task 'nope', which the job does not have"),
-    ({"task": "w", "topologyKey": "zone"}, "topologyKey must be one of"),
+    ({"task": "w", "topologyKey": "Zone Key!"}, "topologyKey"),  # not a node label key
+    ({"task": "w", "jobSelector": {"app": "x"}}, "one of the two"),
+    ({"jobSelector": {}}, "at least one label"),
+    ({}, "one of the two"),
     ({"task": "w", "weight": 3}, "Extra inputs are not permitted"),
 ])
 def test_a_bad_affinity_rule_is_refused(rule: dict[str, object], error: str) -> None:
     with pytest.raises(ValidationError, match=error):
         parse_job_spec({"name": "a", "tasks": [{"name": "w", "antiAffinity": [rule]}]})
+
+
+def test_a_rule_may_select_other_jobs_at_any_node_label_scope() -> None:
+    s = {"name": "a", "labels": {"app": "train"}, "tasks": [{"name": "w", "affinity": [
+        {"jobSelector": {"app": "cache"}, "topologyKey": "nvlink", "required": True},
+        {"jobSelector": {"app": "cache", "tier": "hot"}, "topologyKey": "topology.kubernetes.io/zone"}]}]}
+    req = job_request(parse_job_spec(s), job_id="j", queue="q", tenant="t", user="u",
+                      submitted_at=datetime(2026, 1, 1, tzinfo=UTC), attempt=1)
+    assert req.labels == {"app": "train"}
+    assert [(r.to_role, r.scope, r.to_jobs, r.required) for r in req.affinity] == [
+        ("", "kairos.io/nvlink-domain", (("app", "cache"),), True),
+        ("", "topology.kubernetes.io/zone", (("app", "cache"), ("tier", "hot")), False)]
 
 
 def narrowed(admitted: tuple[str, ...], weights: dict[str, float] | None = None, **extra: object

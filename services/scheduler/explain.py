@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from scheduling import PendingReason, Plan
+from scheduling import JobRequest, PendingReason, Plan
 from shared.events import JobWaiting, from_pending
 
 DETAIL = {
@@ -39,6 +39,33 @@ DETAIL = {
                                     "exclude every node",
     PendingReason.CORDONED: "there is room for it only on cordoned or draining nodes",
 }
+
+
+def placed_words(nodes: int, model: str, req: JobRequest | None, mig: str = "",
+                 learnt: bool = False) -> str:
+    """Why a job went where it went, for its history (``describe``): the nodes, and the
+    GPU model with what made it the choice (its speeds, given or learnt from its class's
+    earlier jobs, or its gpuModel order), or its MIG profile."""
+    words = f"placed on {nodes} node(s)"
+    if mig:
+        return f"{words}, on MIG {mig} instances"
+    if not model or req is None:
+        return words
+    if req.gpu_speeds:
+        speeds = dict(req.gpu_speeds)
+        best = max(speeds, key=lambda m: (speeds[m], m))
+        here = speeds.get(model, min(speeds.values())) / speeds[best]
+        how = "learnt from its earlier jobs" if learnt else "its throughput"
+        if here >= 0.999:
+            return f"{words}, on {model}: where it runs fastest ({how})"
+        return (f"{words}, on {model}: at {here:.2f}x its speed on {best} ({how}); the faster "
+                f"GPUs were taken or kept for jobs that lose more here")
+    if req.gpu_model_ranks:
+        rank = dict(zip(req.gpu_models, req.gpu_model_ranks, strict=True)).get(model)
+        if rank is not None:
+            return f"{words}, on {model}: " + ("its first choice" if rank == 0 else (
+                f"choice {rank + 1} of its gpuModel list; the ones before were taken"))
+    return f"{words}, on {model}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,14 @@ The scheduler gives each job's request the median of similar jobs (its
 ``runtime_estimate_s``, unless the user gave one) and their durations
 (``runtime_samples``, for the Gittins rank), as the simulator does (``sim/engine.py``,
 ``estimates="history"``).
+
+Speeds per GPU model are learnt the same way (``scheduling.speeds``, the simulator's
+``speeds="learned"``): a job class is its tenant, name and whole GPUs; a job of it that
+succeeded on its first attempt, placed on GPUs of one model, ran at 1/duration there
+(jobs of a class doing about the same work). A job that gives no ``throughput`` of its
+own (nor a gpuModel order) is placed by its class's speeds, or the typical class's until
+its own are measured on two models; a cluster of one model never learns any, so nothing
+changes there.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from scheduling import JobRequest
 from scheduling.estimates import DurationHistory
+from scheduling.speeds import SpeedHistory
 from shared.events import JobReady
 from shared.job_request import job_request
 
@@ -36,6 +45,11 @@ NEWEST_SUCCEEDED = text(
     " FROM sched_jobs WHERE state = 'succeeded' AND tasks->>'bound_at' IS NOT NULL"
     " ORDER BY updated_at DESC LIMIT :n")
 KEEP = 20_000  # durations kept; the history is rebuilt from the last of them past twice that
+
+
+def job_class(tenant: str, name: str, gpus: int) -> tuple[str, str, int]:
+    """What speeds are learnt per: jobs of one tenant, name and size do alike work."""
+    return tenant, name, gpus
 
 
 def gpu_key(job: JobRequest) -> int:
@@ -60,6 +74,7 @@ class JobHistory(DurationHistory):
         super().__init__(quantiles)
         self.recent: deque[tuple[str, int, float]] = deque(maxlen=KEEP)
         self.generation = 0  # rebuilds so far
+        self.speeds = SpeedHistory()  # per job class (tenant, name, GPUs), per model
 
     def learn(self, tenant: str, gpus: int, duration_s: float) -> None:
         super().learn(tenant, gpus, duration_s)
@@ -75,20 +90,26 @@ class JobHistory(DurationHistory):
             self.generation += 1
             self._memo.clear()
 
-    def learn_job(self, ready: JobReady, bound_at: float | None, ended_at: float) -> None:
-        """A job that succeeded at ``ended_at``, placed (its last attempt) at ``bound_at``."""
+    def learn_job(self, ready: JobReady, bound_at: float | None, ended_at: float,
+                  model: str = "", attempt: int = 0) -> None:
+        """A job that succeeded at ``ended_at``, placed (its last attempt, ``attempt``) at
+        ``bound_at`` on GPUs of ``model`` (""; none, or several)."""
         if bound_at is None:
             return
         tenant, gpus = shape(ready)
-        self.learn(tenant, gpus, max(0.0, ended_at - bound_at))
+        took = max(0.0, ended_at - bound_at)
+        self.learn(tenant, gpus, took)
+        if model and gpus and attempt == 1 and took > 0:  # a later attempt resumed: part of the work
+            self.speeds.learn(job_class(ready.tenant, ready.spec.name, gpus), model, 1.0 / took)
 
     def learn_row(self, r: Any) -> None:
         """A ``sched_jobs`` row with its ``ended_at`` (epoch s of ``updated_at``); one not
         succeeded, never placed or without its job (a tombstone) teaches nothing."""
         if r["state"] != "succeeded" or not r["ready"]:
             return
-        self.learn_job(JobReady.model_validate(r["ready"]), (r["tasks"] or {}).get("bound_at"),
-                       r["ended_at"])
+        meta = r["tasks"] or {}
+        self.learn_job(JobReady.model_validate(r["ready"]), meta.get("bound_at"), r["ended_at"],
+                       meta.get("bound_model", ""), r["attempt"])
 
     async def load(self, conn: AsyncConnection, n: int) -> None:
         """Learn the newest ``n`` succeeded jobs (a process starting)."""
@@ -99,13 +120,20 @@ class JobHistory(DurationHistory):
         """As ``DurationHistory.version``, and changed by every rebuild."""
         return self.generation, len(self.by_size.get(gpus) or ())
 
-    def fill(self, job: JobRequest, gpus: int) -> JobRequest:
+    def fill(self, job: JobRequest, gpus: int, name: str | None = None) -> JobRequest:
         """The request with the history's samples of similar jobs and, unless the user
-        gave one, their median as its estimate; the same object when the history knows
-        nothing of it."""
+        gave one, their median as its estimate; and, unless the user gave a throughput,
+        the speeds learnt for its class (``name``: the job's; None: not asked). The same
+        object when the history knows nothing of it."""
         estimate, samples = self.known(job.tenant, gpus)
-        if not samples:
-            return job
-        own = job.runtime_estimate_s
-        return replace(job, runtime_estimate_s=own if own is not None else estimate,
-                       runtime_samples=samples)
+        if samples:
+            own = job.runtime_estimate_s
+            job = replace(job, runtime_estimate_s=own if own is not None else estimate,
+                          runtime_samples=samples)
+        # whole GPUs only (speeds are per GPU model), and never over the user's own
+        # throughput or gpuModel order of preference
+        if name is not None and not (job.gpu_speeds or job.gpu_model_ranks) and any(t.gpu for t in job.tasks):
+            speeds = self.speeds.speeds(job_class(job.tenant, name, gpus))
+            if speeds:
+                job = replace(job, gpu_speeds=speeds)
+        return job

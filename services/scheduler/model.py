@@ -103,6 +103,7 @@ class SchedJob:
     placed: list[Placed] = field(default_factory=list)  # includes tasks of older attempts
     stopping: Stopping | None = None  # why its current attempt was asked to stop, if it was
     bound_at: float | None = None  # when the current attempt was placed (scheduler clock)
+    bound_model: str = ""  # the one GPU model it was placed on ("": none, or several)
     targets: dict[str, int] = field(default_factory=dict)  # user resize: replicas per group
     resizes: int = 0  # resizes so far (deterministic ids of their events and new tasks)
     requeues: int = 0  # attempts that a drain started again (not counted against maxRetry)

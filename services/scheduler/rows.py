@@ -21,6 +21,7 @@ class JobMeta(TypedDict, total=False):
     seq: int
     stopping: dict[str, str | None] | None  # Stopping: cause, detail, after
     bound_at: float | None
+    bound_model: str
     targets: dict[str, int]
     resizes: int
     requeues: int
@@ -66,7 +67,8 @@ def job_row(job: SchedJob) -> JobRow:
         ready=job.ready.model_dump_json() if job.ready else "{}",
         placement=[p.to_json() for p in job.placed],
         tasks=JobMeta(seq=job.seq, stopping=_stopping_json(job.stopping),
-                      bound_at=job.bound_at, targets=job.targets, resizes=job.resizes,
+                      bound_at=job.bound_at, bound_model=job.bound_model, targets=job.targets,
+                      resizes=job.resizes,
                       requeues=job.requeues, node_losses=job.node_losses),
     )
 
@@ -82,6 +84,7 @@ def job_from_row(row: JobRow) -> SchedJob:
         placed=[Placed.from_json(p) for p in row["placement"]],
         stopping=_stopping_of(meta),
         bound_at=meta.get("bound_at"),
+        bound_model=meta.get("bound_model", ""),
         targets=dict(meta.get("targets") or {}),
         resizes=meta.get("resizes", 0),
         requeues=meta.get("requeues", 0),

@@ -90,7 +90,8 @@ class SnapshotBuilder:
             hit = self._requests[key] = (req, gpu_key(req), None, req)
         history = self.cluster.history
         if history is not None and hit[2] != running:  # first seen, or first seen running
-            hit = self._requests[key] = (hit[0], hit[1], running, history.fill(hit[0], hit[1]))
+            name = job.ready.spec.name if job.ready is not None else None
+            hit = self._requests[key] = (hit[0], hit[1], running, history.fill(hit[0], hit[1], name))
         return hit[3]
 
     def snapshot(self, now: float) -> Snapshot:

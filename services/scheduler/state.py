@@ -22,7 +22,7 @@ from typing import Any
 from scheduling import PendingReason, Plan, Snapshot
 from scheduling.decay import DecayedUsage
 from services.scheduler.bindings import Bindings
-from services.scheduler.explain import PendingNotices
+from services.scheduler.explain import PendingNotices, placed_words
 from services.scheduler.history import JobHistory
 from services.scheduler.jobs import Lifecycle
 from services.scheduler.model import (
@@ -55,6 +55,7 @@ from shared.events import (
     TransitionReason,
 )
 from shared.events.reasons import mig_never_fits
+from shared.gpu_models import model_id
 
 Placer = Callable[[Snapshot], Plan]
 Handler = Callable[[Any, Output], None]
@@ -135,6 +136,7 @@ class SchedulerState(Cluster):
         if self.decay is not None:
             snapshot = replace(snapshot, past_usage=self.decay.advance(now))
         plan = self.placer(snapshot)
+        requests = {j.job_id: j for j in snapshot.pending} if plan.binds else {}
         self.pending_reasons = {k: v.value for k, v in plan.pending.items()}
         admitted = {j: job.attempt for j in plan.pending
                     if (job := self.jobs.get(j)) is not None and job.state is JobState.ADMITTED}
@@ -164,16 +166,30 @@ class SchedulerState(Cluster):
             job.placed = [p for p in job.placed if p.state not in TERMINAL] + new
             job.state = JobState.BOUND
             job.bound_at = now
+            job.bound_model = self.one_model(new)
             out.dirty_jobs.add(job_id)
             self.bindings.allocate(job, new, out)
-            self.lifecycle.status(out, job, JobState.BOUND, TransitionReason.PLACED,
-                                  f"placed on {len({p.node_id for p in new})} node(s)")
+            spec = job.ready.spec
+            self.lifecycle.status(out, job, JobState.BOUND, TransitionReason.PLACED, placed_words(
+                len({p.node_id for p in new}), job.bound_model, requests.get(job_id),
+                ", ".join(spec.mig_profiles), learnt=not spec.throughput))
             if any(t.elastic and len(job.active(t.name)) < t.most_replicas
                    for t in job.ready.spec.tasks):
                 self.needs_cycle = True  # it may grow next cycle (placement never grows)
         if self.decay is not None:
             self.decay.hold(self.held_gpus())
         return plan
+
+    def one_model(self, placed: list[Placed]) -> str:
+        """The GPU model of every GPU placed (its platform name); "" for none or several."""
+        models = set()
+        for p in placed:
+            view = self.nodes.get(p.node_id)
+            gpus = {g.index: g for g in view.inventory.gpus} if view else {}
+            for u in p.gpus:
+                g = gpus.get(u.index)
+                models.add(model_id(g.model, g.memory_mib) if g else "")
+        return models.pop() if len(models) == 1 else ""
 
     def held_gpus(self) -> dict[str, float]:
         """GPUs each tenant's live tasks hold (a share by its compute fraction)."""
@@ -193,7 +209,7 @@ class SchedulerState(Cluster):
         if self.history is not None:
             for job in self.succeeded:
                 if job.ready is not None:
-                    self.history.learn_job(job.ready, job.bound_at, now)
+                    self.history.learn_job(job.ready, job.bound_at, now, job.bound_model, job.attempt)
         self.succeeded.clear()
 
     # --- a new leader, a broker that came back empty ------------------------------------

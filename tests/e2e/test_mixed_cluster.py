@@ -90,7 +90,8 @@ def test_nodes_carry_their_model_labels_and_taints(mixed: Stack) -> None:
     assert {k: v for k, v in inv["volta0-0"]["labels"].items() if k != "kairos.io/rack"} == {
         "kairos.io/gpu-model": "V100-32GB", "kairos.io/gpu-family": "V100",
         "kairos.io/gpu-memory": "32GB", "kairos.io/gpu-count": "2", "kairos.io/mig": "disabled",
-        "kairos.io/compute-capability": "7.0", "zone": "b"}
+        "kairos.io/compute-capability": "7.0", "kairos.io/driver-version": "550.54.15",
+        "kairos.io/cuda-version": "12.4", "zone": "b"}  # no NVLink domain: none given
     assert inv["ampere0-0"]["taints"] == ["dedicated=ml:NoSchedule"]
     # and `kairos nodes -o wide` shows what a job can ask for
     from typer.testing import CliRunner
@@ -550,3 +551,21 @@ def test_affinity_to_other_jobs_follows_ones_own_and_never_another_tenants(mixed
         httpx.delete(f"{mixed.url}/v1/jobs/{cache}", headers=heads["ta"], timeout=30)
         for job_id in others:
             httpx.delete(f"{mixed.url}/v1/jobs/{job_id}", headers=heads["tb"], timeout=30)
+
+
+def test_the_scheduler_learns_where_a_job_class_runs_fastest(mixed: Stack) -> None:
+    """Jobs named ``learner`` took about 1 s on a V100 and 6 s on an H100 (asked for by
+    model): the next ``learner`` asking for no model goes to the V100s, and its history
+    says why. (Last in the module: once a class is measured on two models, every class
+    not measured yet is placed by it, the typical class.)"""
+    learner = {"name": "learner", "tasks": [{"name": "w", "resources": {"gpu": 1}}]}
+    assert ran_on(mixed, {**learner, "duration": 1, "gpuModel": "V100"}) == NODE_OF["volta"]
+    assert ran_on(mixed, {**learner, "duration": 6, "gpuModel": "H100"}) == NODE_OF["hopper"]
+    for _ in range(2):
+        r = submit(mixed, {**learner, "duration": 0.5})
+        assert r.status_code == 201, r.text
+        done = wait_for(lambda jid=r.json()["id"]: (j := get(mixed, jid))["state"] == "succeeded" and j,
+                        120, "a learner succeeded")
+        assert {h["node_id"] for h in done["history"] if h["task"]} == {NODE_OF["volta"]}, done["history"]
+        placed = next(h["reason"] for h in done["history"] if h["state"] == "bound")
+        assert "on V100-32GB: where it runs fastest (learnt from its earlier jobs)" in placed, placed

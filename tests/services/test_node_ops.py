@@ -133,7 +133,7 @@ def test_drain_stops_gracefully_requeues_elsewhere_and_spends_no_retry() -> None
                             attempt=1, task=task, node_id=where))
     assert statuses(out) == [("A", "preempted", f"preempted for drain of node {where}"),
                              ("A", "admitted", f"retry after task {task} preempted: stopped"),
-                             ("A", "bound", "placed on 1 node(s)")]
+                             ("A", "bound", "placed on 1 node(s), on H100-80GB")]
     assert [b.node_id for b in bindings(out) if b.action is BindingAction.ALLOCATE] == [other]
     assert announced(out) == [(where, "drained")]
     # the drained attempt was free: a real failure now ends it (maxRetry 0)

@@ -86,6 +86,34 @@ def test_a_request_gets_the_median_and_the_samples_unless_the_user_estimated() -
     assert kept.runtime_estimate_s == 42.0 and kept.runtime_samples == (100.0, 200.0, 300.0)
 
 
+def test_speeds_per_model_are_learnt_from_first_attempts_on_one_model_and_kept_in_rows() -> None:
+    """A class (tenant, name, GPUs) that took 100 s on H100s and 400 s on V100s runs 4x
+    faster on an H100: a job of it without a throughput is placed by that; a job with
+    one keeps its own; a later attempt (it resumed, part of the work done) or a placement
+    over several models teaches nothing; a restart learns the same from the rows."""
+    r = ready("a").gpus(8).tenant("lab").build()
+    h = JobHistory()
+    h.learn_job(r, 0.0, 100.0, "H100-80GB", 1)
+    h.learn_job(r, 0.0, 400.0, "V100-32GB", 1)
+    h.learn_job(r, 0.0, 10.0, "V100-32GB", 2)  # a resumed attempt: not learnt
+    h.learn_job(r, 0.0, 10.0, "", 1)  # several models: not learnt
+    job = JobRequest("j", (TaskRequest("w", "worker", 1, gpu=8),), tenant="lab")
+    got = h.fill(job, 8, r.spec.name)
+    assert got.gpu_speeds == (("H100-80GB", 1.0), ("V100-32GB", 0.25))
+    assert h.fill(job, 8) is not got and h.fill(job, 8).gpu_speeds == ()  # not asked
+    own = JobRequest("o", job.tasks, tenant="lab", gpu_speeds=(("V100-32GB", 1.0),))
+    assert h.fill(own, 8, r.spec.name).gpu_speeds == (("V100-32GB", 1.0),)
+    # another class of the tenant, never measured, is placed by the typical class's
+    assert h.fill(job, 8, "other").gpu_speeds == (("H100-80GB", 1.0), ("V100-32GB", 0.25))
+    again = JobHistory()
+    for k, (model, took) in enumerate((("H100-80GB", 100.0), ("V100-32GB", 400.0))):
+        rr = row(f"r{k}", "succeeded", 0.0, took)
+        again.learn_row({**rr, "ready": r.model_dump(mode="json"),
+                         "tasks": {"bound_at": 0.0, "bound_model": model}})
+    assert again.fill(job, 8, r.spec.name).gpu_speeds == got.gpu_speeds
+    assert JobHistory().fill(job, 8, r.spec.name) is job  # nothing known: the same object
+
+
 def test_a_request_takes_what_the_history_knows_when_it_queues_and_again_when_it_starts() -> None:
     """The snapshot keeps each request while it waits, whatever the history learns
     meanwhile; the attempt's start fills it anew, and it is kept again while it runs (a

@@ -95,11 +95,13 @@ class Queued:
     who: dict[str, Waiting]
     held: list[JobRequest]  # in arrival order; one whose event cannot be read is left out
     tree: QueueTree
+    names: list[str] = field(default_factory=list)  # each held job's name (its speeds' class)
 
 
 async def read_queued(conn: AsyncConnection, limit: int = 10_000) -> Queued:
     who: dict[str, Waiting] = {}
     held: list[JobRequest] = []
+    names: list[str] = []
     for r in await conn.execute(_QUEUED, {"n": limit}):
         who[r.job_id] = Waiting(r.queue, r.tenant)
         try:
@@ -108,8 +110,9 @@ async def read_queued(conn: AsyncConnection, limit: int = 10_000) -> Queued:
             continue  # it still gets a forecast: waiting for quota, no start
         held.append(job_request(ev.spec, job_id=r.job_id, queue=r.queue, tenant=r.tenant, user=ev.user,
                                 submitted_at=ev.submitted_at, attempt=1))
+        names.append(ev.spec.name)
     configs = {r.name: r.config for r in await conn.execute(_QUEUES)}
-    return Queued(who, held, tree_of(configs))
+    return Queued(who, held, tree_of(configs), names)
 
 
 @dataclass

@@ -89,10 +89,11 @@ class Forecaster:
         """What the replay's requests are estimated from, as the scheduler's are."""
         return self.reader.history if self.settings.history_estimates else None
 
-    def estimated(self, jobs: list[JobRequest]) -> list[JobRequest]:
-        """Jobs not the scheduler's yet, with the estimates it will give them."""
+    def estimated(self, jobs: list[JobRequest], names: list[str]) -> list[JobRequest]:
+        """Jobs not the scheduler's yet (named ``names``), with the estimates and learnt
+        speeds it will give them."""
         h = self.history()
-        return jobs if h is None else [h.fill(j, gpu_key(j)) for j in jobs]
+        return jobs if h is None else [h.fill(j, gpu_key(j), n) for j, n in zip(jobs, names, strict=True)]
 
     async def round_once(self) -> int:
         """One round; returns the events published."""
@@ -104,7 +105,7 @@ class Forecaster:
         t1 = time.perf_counter()
         ROUND_SECONDS.labels("load").observe(t1 - t0)
         snap, who = snapshot_of(rows, now, self.history())
-        queued.held = self.estimated(queued.held)
+        queued.held = self.estimated(queued.held, queued.names)
         forecasts = await asyncio.to_thread(
             forecast_round, self.config, snap, who, self.reader.history,
             resolution=self.settings.forecast_resolution, queued=queued)
@@ -193,7 +194,7 @@ def create_app(fc: Forecaster, ready: ReadyCheck) -> FastAPI:
         # estimated as the scheduler will estimate them once admitted
         reqs = fc.estimated([job_request(c.spec, job_id=c.job_id, queue=c.queue, tenant=c.tenant,
                                          user=c.user, submitted_at=now, attempt=1)
-                             for c in body.candidates])
+                             for c in body.candidates], [c.spec.name for c in body.candidates])
         t0 = time.perf_counter()
         try:
             got = await asyncio.to_thread(what_if, fc.config, snap, fc.reader.history, reqs,

@@ -11,13 +11,18 @@ and the benchmarks: node groups, each with its GPU model, GPU count, labels and 
         mig:                  # optional: MIG mode on each node's first 2 GPUs (all
           gpus: 2             # of them without gpus), each split into these instances
           profiles: [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]
+        nvlinkDomainNodes: 18 # optional: NVLink domains of 18 consecutive nodes (NVL72)
 
 Each group runs as agent processes of a few nodes each, like the homogeneous stack; an
 agent reports its group's model, labels and taints as a real node's agent would
 (``KAIROS_SIM_GPU_MODEL``, ``KAIROS_NODE_LABELS``, ``KAIROS_NODE_TAINTS``,
-``KAIROS_SIM_MIG_PROFILES`` and ``KAIROS_SIM_MIG_GPUS``). A MIG layout is checked here as
-the agent lays it out (``scheduling.mig.layout``), so a file written wrong fails at load,
-not in an agent.
+``KAIROS_SIM_MIG_PROFILES`` and ``KAIROS_SIM_MIG_GPUS``). With ``nvlinkDomainNodes: n``,
+node k of the group (its k-th, counted across the group's agent processes) has the label
+``kairos.io/nvlink-domain: <name>-nvl<k // n>`` (``KAIROS_NVLINK_DOMAIN`` is the group's
+name, ``KAIROS_SIM_NVLINK_DOMAIN_NODES`` n; each process's ``KAIROS_SIM_FIRST_NODE``, the
+number of its first node in the group, is the stack's to set). A MIG layout is checked
+here as the agent lays it out (``scheduling.mig.layout``), so a file written wrong fails
+at load, not in an agent.
 """
 
 from __future__ import annotations
@@ -55,11 +60,20 @@ class NodeGroup(BaseModel):
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
     taints: list[str] = Field(default_factory=list)
     mig: MigSpec | None = None
+    nvlink_domain_nodes: int | None = None  # how many consecutive nodes one domain joins
 
     @field_validator("gpu_model")
     @classmethod
     def _known(cls, v: str) -> str:
         gpu_models.expand(v)  # a ValueError names the known families
+        return v
+
+    @field_validator("nvlink_domain_nodes")
+    @classmethod
+    def _domain_size(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError(f"nvlinkDomainNodes must be at least 1 (how many consecutive "
+                             f"nodes one NVLink domain joins, 18 for an NVL72 rack), not {v}")
         return v
 
     @field_validator("taints")
@@ -90,7 +104,10 @@ class NodeGroup(BaseModel):
                 "KAIROS_NODE_TAINTS": ",".join(self.taints),
                 # always set: a group without MIG has none, whatever the user exported
                 "KAIROS_SIM_MIG_PROFILES": ",".join(self.mig.profiles) if self.mig else "",
-                "KAIROS_SIM_MIG_GPUS": str(self.mig.gpus or 0) if self.mig else "0"}
+                "KAIROS_SIM_MIG_GPUS": str(self.mig.gpus or 0) if self.mig else "0",
+                # likewise: a group without domains has none
+                "KAIROS_NVLINK_DOMAIN": self.name if self.nvlink_domain_nodes else "",
+                "KAIROS_SIM_NVLINK_DOMAIN_NODES": str(self.nvlink_domain_nodes or 0)}
 
 
 class ClusterSpec(BaseModel):

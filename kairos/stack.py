@@ -360,6 +360,8 @@ class Stack:
                                        **env,
                                        "KAIROS_NODE_ID": prefix if count > 1 else f"{prefix}-0",
                                        "KAIROS_SIM_NODES": str(count),
+                                       # its first node's number in the group (NVLink domains)
+                                       "KAIROS_SIM_FIRST_NODE": str(first),
                                        "KAIROS_STATE_DIR": str(self.workdir / "agents"),
                                    })
 

@@ -217,7 +217,8 @@ class JobSpec(_Spec):
     node_selector: Annotated[dict[LabelKey, LabelValue], Field(
         max_length=MAX_SELECTOR, description=(
             "node labels it must run on (every one), as Kubernetes' nodeSelector; nodes "
-            "carry kairos.io/gpu-model and kairos.io/rack besides their own"))] = {}
+            "carry kairos.io/gpu-model, -family, -memory, kairos.io/mig, kairos.io/rack, "
+            "kairos.io/nvlink-domain, kairos.io/driver-version and -cuda-version besides their own"))] = {}
     tolerations: Annotated[list[Toleration], Field(max_length=MAX_TOLERATIONS, description=(
         "node taints it tolerates, as Kubernetes' tolerations ({key, operator: "
         "Equal|Exists, value, effect})"))] = []

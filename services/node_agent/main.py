@@ -61,9 +61,22 @@ def sim_devices(settings: AgentSettings, name: str) -> SimulatedDevices:
     try:
         return SimulatedDevices(name, settings.sim_gpus_per_node, settings.sim_gpu_model,
                                 settings.sim_gpu_memory_mib, mig_profiles=profiles,
-                                mig_gpus=settings.sim_mig_gpus)
+                                mig_gpus=settings.sim_mig_gpus,
+                                driver_version=settings.sim_driver_version,
+                                cuda_version=settings.sim_cuda_version)
     except ValueError as exc:
         raise SystemExit(f"KAIROS_SIM_MIG_PROFILES: {exc}") from exc
+
+
+def sim_nvlink_domain(settings: AgentSettings, index: int) -> str:
+    """The NVLink domain of this process's simulated node ``index``: KAIROS_NVLINK_DOMAIN,
+    or with KAIROS_SIM_NVLINK_DOMAIN_NODES=n the n-node domain its number in the group
+    falls in (numbered across the group's agent processes by KAIROS_SIM_FIRST_NODE)."""
+    n = settings.sim_nvlink_domain_nodes
+    if n <= 0:
+        return settings.nvlink_domain
+    stem = settings.nvlink_domain or settings.node_id
+    return f"{stem}-nvl{(settings.sim_first_node + index) // n}"
 
 
 class AgentHost:
@@ -82,26 +95,30 @@ class AgentHost:
         if settings.node_runtime == "simulated":
             names = ([settings.node_id] if settings.sim_nodes <= 1 else
                      [f"{settings.node_id}-{i}" for i in range(settings.sim_nodes)])
-            for name in names:
+            for i, name in enumerate(names):
                 devices = sim_devices(settings, name)
                 state = Path(settings.state_dir, name) if settings.state_dir else None
-                self._add(name, devices, partial(SimulatedRuntime, state_dir=state))
+                self._add(name, devices, partial(SimulatedRuntime, state_dir=state),
+                          sim_nvlink_domain(settings, i))
         elif settings.node_runtime in ("process", "kubernetes"):
             real = real_devices(settings)
-            self._add(settings.node_id, real, lambda on_exit: self._real_runtime(real, on_exit))
+            self._add(settings.node_id, real, lambda on_exit: self._real_runtime(real, on_exit),
+                      settings.nvlink_domain)
         else:
             raise SystemExit(f"KAIROS_NODE_RUNTIME must be simulated, process or kubernetes, "
                              f"not {settings.node_runtime!r}")
 
-    def _add(self, name: str, devices: DeviceBackend, runtime_factory: RuntimeFactory) -> None:
+    def _add(self, name: str, devices: DeviceBackend, runtime_factory: RuntimeFactory,
+             nvlink_domain: str) -> None:
         s = self.settings
         datasets = DatasetCache.from_setting(s.datasets_dir, s.datasets)
         try:
             inv = node_inventory(name, devices, s.node_cpu_milli, s.node_memory_mib, s.rack,
                                  runtime=s.node_runtime, address=s.node_address or "127.0.0.1",
                                  agent_url=self.agent_url(), datasets=datasets.list(),
-                                 labels=s.node_labels, taints=s.node_taints)
-        except ValueError as exc:  # KAIROS_NODE_LABELS / KAIROS_NODE_TAINTS
+                                 labels=s.node_labels, taints=s.node_taints,
+                                 nvlink_domain=nvlink_domain)
+        except ValueError as exc:  # KAIROS_NODE_LABELS / _TAINTS / _NVLINK_DOMAIN
             raise SystemExit(f"node {name}: {exc}") from exc
         lease = Lease(s.fence_after_s, Path(s.state_dir, name, "lease") if s.state_dir else None,
                       book=self.lease_book, key=name)

@@ -1,6 +1,10 @@
 import socket
+from typing import Annotated
+
+from pydantic import Field
 
 from shared.config import CommonSettings
+from shared.node_constraints import LabelValue
 
 
 class AgentSettings(CommonSettings):
@@ -16,6 +20,17 @@ class AgentSettings(CommonSettings):
     # on the node's first sim_mig_gpus GPUs (0: all of them); empty: no MIG
     sim_mig_profiles: str = ""
     sim_mig_gpus: int = 0
+    # what simulated GPUs' driver reports (labels kairos.io/driver-version, -cuda-version)
+    sim_driver_version: LabelValue = "550.54.15"
+    sim_cuda_version: LabelValue = "12.4"
+    # label kairos.io/nvlink-domain, the NVLink domain joining this node to others (an
+    # NVL72 rack): as is, over what NVML reads; empty: NVML's (none when simulated). With
+    # sim_nvlink_domain_nodes = n, simulated nodes are numbered into domains of n instead:
+    # node k of the group (sim_first_node + its index in this process) is in
+    # <nvlink_domain, or node_id>-nvl<k // n>
+    nvlink_domain: LabelValue = ""
+    sim_nvlink_domain_nodes: Annotated[int, Field(ge=0)] = 0
+    sim_first_node: Annotated[int, Field(ge=0)] = 0
     node_cpu_milli: int = 128_000
     node_memory_mib: int = 1_048_576
     heartbeat_s: float = 5.0
@@ -33,7 +48,7 @@ class AgentSettings(CommonSettings):
     state_dir: str = ""
     rack: str = "rack-0"
     # the node's own labels (key=value,...) and taints (key=value:NoSchedule,...), as
-    # kubectl label / taint write them; the agent adds kairos.io/gpu-model and kairos.io/rack
+    # kubectl label / taint write them; the agent adds its kairos.io/ ones (inventory.py)
     node_labels: str = ""
     node_taints: str = ""
     node_address: str = ""  # how other nodes reach this one (MASTER_ADDR); default loopback

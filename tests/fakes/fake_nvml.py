@@ -7,13 +7,17 @@ real error classes and constants (taken from the installed ``pynvml`` module, so
 ``NVMLError(NVML_ERROR_NOT_SUPPORTED)`` is an ``NVMLError_NotSupported``), and the real
 return shapes (the same ctypes structures: ``c_nvmlMemory_t`` in bytes,
 ``c_nvmlUtilization_t``, ``nvmlPciInfo_t`` whose ``busId`` is bytes, process info objects
-with ``pid``/``usedGpuMemory`` where ``usedGpuMemory`` may be ``None``). The values come
-from real devices: an 8-GPU HGX H100 (NVSwitch) node and A100 PCIe cards joined in pairs
-by NVLink bridges, and MIG geometry as an A100 80GB in MIG mode reports it.
+with ``pid``/``usedGpuMemory`` where ``usedGpuMemory`` may be ``None``; the GPU fabric
+info filled in through the pointer it is given, as ``c_nvmlGpuFabricInfoV_t``). The
+values come from real devices: an 8-GPU HGX H100 (NVSwitch) node and A100 PCIe cards
+joined in pairs by NVLink bridges, and MIG geometry as an A100 80GB in MIG mode reports
+it. The GB200 NVL72 compute tray (``gb200_tray``) has the real shape of its fabric info,
+but its cluster UUID, clique id and bus ids are made up.
 """
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +72,9 @@ class FakeGpu:
     max_mig_devices: int = 0  # nvmlDeviceGetMaxMigDeviceCount (7 on A100/H100); 0: no MIG
     gpu_instances: dict[int, FakeGpuInstance] = field(default_factory=dict)  # by GI id
     mig_devices: dict[int, FakeMigDevice] = field(default_factory=dict)  # by MIG index
+    # GPU fabric info (multi-node NVLink, GB200 NVL72): (cluster UUID, clique id, state);
+    # None: the GPU has none (NVMLError_NotSupported)
+    fabric: tuple[bytes, int, int] | None = None
 
     @property
     def bus_id(self) -> bytes:
@@ -138,6 +145,27 @@ def a100_pcie_bridged(count: int = 4) -> list[FakeGpu]:
     return gpus
 
 
+NVL72_CLUSTER = bytes.fromhex("5f0c9a2e41d84b7c9e3a6d1b2c8f4e70")  # made up
+
+
+def gb200_tray(clique: int = 32766, cluster: bytes = NVL72_CLUSTER,
+               state: int = _real.NVML_GPU_FABRIC_STATE_COMPLETED) -> list[FakeGpu]:
+    """A GB200 NVL72 compute tray: 4 GPUs, 18 NVLink 5 links each to the rack's NVSwitch
+    trays, registered with the rack's fabric (one cluster UUID and clique for the rack)."""
+    return [
+        FakeGpu(
+            name="NVIDIA GB200",
+            uuid=f"GPU-0d5e3c1a-8b2f-4c6d-9e7a-1f2b3c4d5e{i:02d}",
+            bus=["01", "02", "41", "42"][i],
+            memory_total=189_471 * MIB,  # GB200: 192GB, NVML reports a little under
+            cc=(10, 0),
+            nvlinks=[("switch", "")] * 18,
+            fabric=(cluster, clique, state),
+        )
+        for i in range(4)
+    ]
+
+
 class _Handle:
     def __init__(self, index: int) -> None:
         self.index = index
@@ -163,9 +191,15 @@ class _EventSet:
 class FakeNvml:
     """Stands in for the ``pynvml`` module; patch it where the backend imports it."""
 
-    def __init__(self, gpus: list[FakeGpu], driver_loaded: bool = True) -> None:
+    # the struct nvmlDeviceGetGpuFabricInfoV fills (v2: its version set by its constructor)
+    c_nvmlGpuFabricInfoV_t = _real.c_nvmlGpuFabricInfoV_t
+
+    def __init__(self, gpus: list[FakeGpu], driver_loaded: bool = True,
+                 driver_version: str = "550.90.07", cuda_version: int | None = 12040) -> None:
         self.gpus = gpus
         self.driver_loaded = driver_loaded
+        self.driver_version = driver_version
+        self.cuda_version = cuda_version  # None: libcuda not found (LIBRARY_NOT_FOUND)
         self.initialised = False
         self.freed_event_sets = 0
         for name in dir(_real):
@@ -210,7 +244,16 @@ class FakeNvml:
         self.initialised = False
 
     def nvmlSystemGetDriverVersion(self) -> str:
-        return "550.90.07"
+        if not self.initialised:
+            self._raise(_real.NVML_ERROR_UNINITIALIZED)
+        return self.driver_version
+
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
+        if not self.initialised:
+            self._raise(_real.NVML_ERROR_UNINITIALIZED)
+        if self.cuda_version is None:
+            self._raise(_real.NVML_ERROR_LIBRARY_NOT_FOUND)
+        return self.cuda_version
 
     def nvmlDeviceGetCount(self) -> int:
         if not self.initialised:
@@ -302,6 +345,24 @@ class FakeNvml:
         _kind, bus = self._link(device, link, "nvmlDeviceGetNvLinkRemotePciInfo")
         bus = bus or "00"
         return _real.nvmlPciInfo_t(busId=f"00000000:{bus}:00.0".encode(), bus=int(bus, 16))
+
+    def nvmlDeviceGetGpuFabricInfoV(self, device: Any, gpuFabricInfo: Any) -> int:
+        """Fills the struct ``gpuFabricInfo`` points to (``ctypes.byref``/``pointer``): a
+        struct passed by value would not reach NVML, a wrong version is refused."""
+        gpu = self._dev(device, "nvmlDeviceGetGpuFabricInfoV")
+        info = getattr(gpuFabricInfo, "_obj", None)  # ctypes.byref(info)
+        if isinstance(gpuFabricInfo, ctypes._Pointer):
+            info = gpuFabricInfo.contents
+        if not isinstance(info, (_real.c_nvmlGpuFabricInfo_v2_t, _real.c_nvmlGpuFabricInfo_v3_t)):
+            self._raise(_real.NVML_ERROR_INVALID_ARGUMENT)
+        if info.version not in (_real.nvmlGpuFabricInfo_v2, _real.nvmlGpuFabricInfo_v3):
+            self._raise(_real.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        if gpu.fabric is None:
+            self._raise(_real.NVML_ERROR_NOT_SUPPORTED)
+        cluster, clique, state = gpu.fabric
+        info.clusterUuid[:] = list(cluster)
+        info.status, info.cliqueId, info.state = _real.NVML_SUCCESS, clique, state
+        return _real.NVML_SUCCESS
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
         gpu = self._dev(handle, "nvmlDeviceGetUtilizationRates")

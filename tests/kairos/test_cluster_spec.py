@@ -25,6 +25,8 @@ def test_the_example_cluster_loads_as_its_agents_will_report_it() -> None:
     assert ampere["KAIROS_SIM_MIG_GPUS"] == "2"
     hopper = spec.node_groups[0].agent_env()  # no MIG: says so, whatever was exported
     assert (hopper["KAIROS_SIM_MIG_PROFILES"], hopper["KAIROS_SIM_MIG_GPUS"]) == ("", "0")
+    # nor NVLink domains joining nodes
+    assert (hopper["KAIROS_NVLINK_DOMAIN"], hopper["KAIROS_SIM_NVLINK_DOMAIN_NODES"]) == ("", "0")
 
 
 def test_a_mig_group_is_what_its_agents_lay_out() -> None:
@@ -43,6 +45,32 @@ def test_a_mig_group_is_what_its_agents_lay_out() -> None:
     assert [(m.profile, m.start, m.size) for m in devs[3].mig_instances] == [("7g.80gb", 0, 8)]
 
 
+def test_nvlink_domains_join_consecutive_nodes_of_the_group() -> None:
+    """Node k of the group is in <group>-nvl<k // n>, whichever agent process hosts it:
+    run as kairos/stack.py runs a group (a few nodes a process, each process told the
+    number of its first node in the group, KAIROS_SIM_FIRST_NODE)."""
+    import os
+    from unittest import mock
+
+    from services.node_agent.main import AgentHost
+    from services.node_agent.settings import AgentSettings
+
+    g = NodeGroup.model_validate({"name": "gb", "count": 10, "gpuModel": "GB200", "gpus": 4,
+                                  "nvlinkDomainNodes": 4})
+    domains = []
+    for first in range(0, g.count, 3):  # 3 nodes a process: domains span processes
+        count = min(3, g.count - first)
+        prefix = f"gb{first // 3}"  # its nodes <prefix>-<i>, as the stack names them
+        env = g.agent_env() | {"KAIROS_NODE_ID": prefix if count > 1 else f"{prefix}-0",
+                               "KAIROS_SIM_NODES": str(count),
+                               "KAIROS_SIM_FIRST_NODE": str(first)}
+        with mock.patch.dict(os.environ, env, clear=True):
+            host = AgentHost(AgentSettings(), None)  # type: ignore[arg-type]
+        domains += [host.agents[f"{prefix}-{i}"].inventory.labels["kairos.io/nvlink-domain"]
+                    for i in range(count)]
+    assert domains == [f"gb-nvl{k // 4}" for k in range(10)]
+
+
 @pytest.mark.parametrize(("group", "says"), [
     ({"name": "x", "count": 1, "gpuModel": "H1000"}, "unknown GPU model"),
     ({"name": "x", "count": 1, "taints": ["a=b"]}, "expected key=value:Effect"),
@@ -58,6 +86,11 @@ def test_a_mig_group_is_what_its_agents_lay_out() -> None:
      "mig.gpus 3 is more than the group's 2 GPUs"),
     ({"name": "x", "count": 1, "mig": {"profiles": []}}, "profiles"),
     ({"name": "x", "count": 1, "mig": {"profiles": ["1g.10gb"], "slices": 7}}, "slices"),
+    ({"name": "x", "count": 1, "nvlinkDomainNodes": 0},
+     r"nvlinkDomainNodes must be at least 1 \(how many consecutive nodes one NVLink "
+     r"domain joins, 18 for an NVL72 rack\), not 0"),
+    ({"name": "x", "count": 1, "nvlinkDomainNodes": "rack"}, "nvlinkDomainNodes"),
+    ({"name": "x", "count": 1, "nvlinkDomains": 18}, "nvlinkDomains"),
 ])
 def test_a_group_written_wrong_says_what(group: dict[str, object], says: str) -> None:
     with pytest.raises(ValueError, match=says):

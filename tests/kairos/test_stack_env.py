@@ -45,7 +45,7 @@ SECTIONS = {"Every service": list(READERS), "Admission": ["admission"],
 STACK_SETS = {"*": {"KAIROS_KAFKA_BOOTSTRAP", "KAIROS_DATABASE_URL", "KAIROS_DEV_TOKEN",
                     "KAIROS_HTTP_PORT", "KAIROS_SERVICE_NAME"},
               "node-agent": {"KAIROS_NODE_ID", "KAIROS_SIM_NODES",
-                             "KAIROS_SIM_GPUS_PER_NODE", "KAIROS_STATE_DIR"}}
+                             "KAIROS_SIM_GPUS_PER_NODE", "KAIROS_STATE_DIR", "KAIROS_SIM_FIRST_NODE"}}
 
 
 def documented() -> list[tuple[str, str]]:

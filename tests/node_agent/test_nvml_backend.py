@@ -9,6 +9,7 @@ it honest against the installed pynvml. On a real GPU host, run
 
 from __future__ import annotations
 
+import ctypes
 import inspect
 import json
 import subprocess
@@ -19,13 +20,16 @@ import pynvml
 import pytest
 
 from services.node_agent.devices import nvml as nvml_backend
-from services.node_agent.devices.base import MigDevice
+from services.node_agent.devices.base import MigDevice, NodeFacts
 from services.node_agent.devices.nvml import NvmlDevices, NvmlUnavailable
+from services.node_agent.inventory import node_inventory
 from tests.fakes.fake_nvml import (
     FAKE_FUNCTIONS,
+    NVL72_CLUSTER,
     FakeNvml,
     a100_pcie_bridged,
     enable_mig,
+    gb200_tray,
     h100_hgx,
 )
 
@@ -187,7 +191,8 @@ def test_no_driver_raises_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_probe_output_is_json(hgx: FakeNvml) -> None:
     out = nvml_backend.probe()
-    assert out["driver_version"] == "550.90.07"
+    assert out["node"] == {"driver_version": "550.90.07", "cuda_version": "12.4",
+                           "fabric_domain": ""}
     assert len(out["devices"]) == 8
     assert len(out["samples"]) == 8
     json.dumps(out)
@@ -212,3 +217,99 @@ def test_module_runs_standalone_without_kairos_imports() -> None:
                          "services.node_agent.devices.base", "services.node_agent.devices.nvml"}
     # no GPU here: the probe says why, as JSON, instead of a traceback
     assert "error" in json.loads(proc.stderr.strip().splitlines()[-1])
+
+
+# --- node facts: driver and CUDA versions, the multi-node NVLink domain ---------------------
+
+NVL72_DOMAIN = f"{NVL72_CLUSTER.hex()}-32766"
+
+
+def facts(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml) -> NodeFacts:
+    monkeypatch.setattr(nvml_backend, "pynvml", fake)
+    return NvmlDevices().node_facts()
+
+
+def test_driver_and_cuda_versions_become_node_labels(hgx: FakeNvml) -> None:
+    backend = NvmlDevices()
+    assert backend.node_facts() == NodeFacts("550.90.07", "12.4", "")
+    labels = node_inventory("n1", backend, 8000, 16384, "r0").labels
+    assert (labels["kairos.io/driver-version"], labels["kairos.io/cuda-version"]) == (
+        "550.90.07", "12.4")
+    assert "kairos.io/nvlink-domain" not in labels  # an HGX H100: no multi-node fabric
+
+
+@pytest.mark.parametrize(("cuda", "want"), [(12040, "12.4"), (11080, "11.8"),
+                                            (12090, "12.9"), (13000, "13.0")])
+def test_the_cuda_version_is_read_as_major_minor(monkeypatch: pytest.MonkeyPatch,
+                                                 cuda: int, want: str) -> None:
+    assert facts(monkeypatch, FakeNvml(h100_hgx(1), cuda_version=cuda)).cuda_version == want
+
+
+def test_a_version_the_driver_cannot_give_leaves_its_label_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml(h100_hgx(1), cuda_version=None, driver_version="550.54.15 (beta)")
+    monkeypatch.setattr(nvml_backend, "pynvml", fake)
+    backend = NvmlDevices()
+    assert backend.node_facts().cuda_version == ""  # no libcuda: LIBRARY_NOT_FOUND
+    labels = node_inventory("n1", backend, 8000, 16384, "r0").labels
+    # not a label value: left out, the node still starts
+    assert not {"kairos.io/driver-version", "kairos.io/cuda-version"} & set(labels)
+    assert labels["kairos.io/gpu-model"] == "H100-80GB"
+
+
+def test_an_nvl72_tray_is_labelled_with_its_fabric_domain(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml(gb200_tray(), driver_version="570.133.20", cuda_version=12080)
+    monkeypatch.setattr(nvml_backend, "pynvml", fake)
+    backend = NvmlDevices()
+    assert backend.node_facts() == NodeFacts("570.133.20", "12.8", NVL72_DOMAIN)
+    inv = node_inventory("tray-1", backend, 8000, 16384, "r0")
+    assert inv.labels["kairos.io/nvlink-domain"] == NVL72_DOMAIN
+    assert inv.labels["kairos.io/gpu-model"] == "GB200-192GB"
+    # another tray of the rack: the same domain; of another clique: not
+    other = FakeNvml(gb200_tray(clique=7))
+    assert facts(monkeypatch, FakeNvml(gb200_tray())).fabric_domain == NVL72_DOMAIN
+    assert facts(monkeypatch, other).fabric_domain == f"{NVL72_CLUSTER.hex()}-7"
+    # the operator's domain wins over the fabric's
+    assert node_inventory("tray-1", backend, 8000, 16384, "r0", nvlink_domain="rack7").labels[
+        "kairos.io/nvlink-domain"] == "rack7"
+
+
+def test_the_fabric_is_read_through_a_pointer_to_a_versioned_struct() -> None:
+    """The fake holds the backend to the real calling convention."""
+    fake = FakeNvml(gb200_tray())
+    fake.nvmlInit()
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    info = pynvml.c_nvmlGpuFabricInfoV_t()
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        fake.nvmlDeviceGetGpuFabricInfoV(h, info)  # by value: NVML would not see it
+    bare = pynvml.c_nvmlGpuFabricInfo_v2_t.__new__(pynvml.c_nvmlGpuFabricInfo_v2_t)
+    with pytest.raises(pynvml.NVMLError_ArgumentVersionMismatch):
+        fake.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(bare))  # version not set
+    assert fake.nvmlDeviceGetGpuFabricInfoV(h, ctypes.pointer(info)) == pynvml.NVML_SUCCESS
+    assert bytes(info.clusterUuid) == NVL72_CLUSTER and info.cliqueId == 32766
+
+
+@pytest.mark.parametrize("case", ["unsupported", "in progress", "zero uuid", "disagree",
+                                  "one gpu lost", "old nvidia-ml-py"])
+def test_no_single_completed_fabric_means_no_domain(monkeypatch: pytest.MonkeyPatch,
+                                                   case: str) -> None:
+    gpus = gb200_tray()
+    fake = FakeNvml(gpus)
+    if case == "unsupported":
+        gpus[2].unsupported = {"nvmlDeviceGetGpuFabricInfoV"}
+    elif case == "in progress":  # the fabric manager has not registered the GPU yet
+        gpus[1].fabric = (NVL72_CLUSTER, 32766, pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS)
+    elif case == "zero uuid":
+        for g in gpus:
+            g.fabric = (bytes(16), 0, pynvml.NVML_GPU_FABRIC_STATE_COMPLETED)
+    elif case == "disagree":
+        gpus[3].fabric = (NVL72_CLUSTER, 9, pynvml.NVML_GPU_FABRIC_STATE_COMPLETED)
+    elif case == "one gpu lost":
+        gpus[0].lost = True
+    else:
+        monkeypatch.delattr(FakeNvml, "nvmlDeviceGetGpuFabricInfoV")
+    monkeypatch.setattr(nvml_backend, "pynvml", fake)
+    backend = NvmlDevices()
+    assert backend.node_facts().fabric_domain == ""
+    assert "kairos.io/nvlink-domain" not in node_inventory("n", backend, 1, 1, "r0").labels
+    assert backend.node_facts().driver_version == "550.90.07"  # the rest is still read

@@ -2,7 +2,8 @@
 places by them beside the agent's, ignores replays and older changes, keeps them across
 a re-registration and a leader failover (real PostgreSQL); the admin API refuses
 everyone but an admin and every malformed label or taint, and sends the whole set
-through the outbox (real PostgreSQL, the gateway in process)."""
+through the outbox (real PostgreSQL, the gateway in process). The agent's own labels
+(from NVML: driver, CUDA, NVLink domain) show in the node's inventory."""
 
 from __future__ import annotations
 
@@ -12,12 +13,16 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from scheduling import Scheduler, SchedulerConfig
+from services.admission import store
+from services.node_agent.devices import nvml as nvml_backend
+from services.node_agent.inventory import node_inventory
 from services.scheduler.main import SchedulerService
 from services.scheduler.state import Output, SchedulerState
 from shared.config import CommonSettings
 from shared.db import make_engine
-from shared.events import NodeLabels
+from shared.events import Envelope, NodeLabels, NodeRegistered, utcnow
 from shared.jobspec import parse_job_spec
+from tests.fakes.fake_nvml import NVL72_CLUSTER, FakeNvml, gb200_tray
 from tests.services.builders import node, ready, step
 from tests.services.test_node_ops import Gateway, gw, new_state, outbox_events  # noqa: F401
 
@@ -150,3 +155,20 @@ async def test_only_an_admin_labels_a_node(gw: Gateway) -> None:  # noqa: F811
         r = await gw.http.put(f"/v1/nodes/nope/{path}", headers=gw.admin, json=body)
         assert (r.status_code, r.json()["detail"]) == (404, "no node nope")
     assert await outbox_labels(gw.engine) == []
+
+
+@pytest.mark.db
+async def test_the_agents_driver_and_nvlink_labels_show_in_the_inventory(
+        gw: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    monkeypatch.setattr(nvml_backend, "pynvml", FakeNvml(gb200_tray(), cuda_version=12080))
+    inv = node_inventory("tray-1", nvml_backend.NvmlDevices(), 8000, 16384, "r0")
+    ev = NodeRegistered(inventory=inv, agent_started_at=utcnow())
+    await store.apply_events(gw.engine, [(Envelope.wrap(ev, "node-agent"), ev)])
+    nodes = {n["node_id"]: n for n in (await gw.http.get("/v1/nodes", headers=gw.user)).json()}
+    labels = nodes["tray-1"]["inventory"]["labels"]
+    assert {k: labels[k] for k in ("kairos.io/driver-version", "kairos.io/cuda-version",
+                                   "kairos.io/nvlink-domain", "kairos.io/gpu-model")} == {
+        "kairos.io/driver-version": "550.90.07", "kairos.io/cuda-version": "12.8",
+        "kairos.io/nvlink-domain": f"{NVL72_CLUSTER.hex()}-32766",
+        "kairos.io/gpu-model": "GB200-192GB"}
+    assert nodes["tray-1"]["admin_labels"] == {}  # the platform's, not an admin's

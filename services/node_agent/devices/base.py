@@ -47,6 +47,17 @@ class GpuDevice:
 
 
 @dataclass(frozen=True)
+class NodeFacts:
+    """What the node's driver says of it as a whole ("" where it cannot tell)."""
+
+    driver_version: str = ""  # "550.54.15"
+    cuda_version: str = ""  # the newest CUDA the driver supports, "12.4"
+    # the NVLink domain joining this node's GPUs to other nodes' (GB200 NVL72: the
+    # GPU fabric's cluster UUID and clique); not GpuDevice.nvlink_domain, within a node
+    fabric_domain: str = ""
+
+
+@dataclass(frozen=True)
 class GpuSample:
     index: int
     utilization_pct: float
@@ -77,6 +88,8 @@ class GpuSample:
 
 class DeviceBackend(Protocol):
     def devices(self) -> list[GpuDevice]: ...
+
+    def node_facts(self) -> NodeFacts: ...
 
     def sample(self) -> list[GpuSample]: ...
 

@@ -27,10 +27,14 @@ instance whole, so it is listed once, by its first MIG device (a compute instanc
 "MIG 1c.3g.40gb", still carries its GPU instance's profile). Reading placements needs the
 MIG monitor capability (root, or /dev/nvidia-caps); without it, or on a driver without
 these calls, the GPU is reported with no instances.
+
+Node facts (``NodeFacts``): driver and CUDA versions, and the NVLink domain joining this
+node to others (GB200 NVL72) where every GPU's fabric info names one cluster and clique.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import re
@@ -50,6 +54,7 @@ if __package__:
         GpuDevice,
         GpuSample,
         MigDevice,
+        NodeFacts,
     )
 else:  # pragma: no cover - run as a loose file on a GPU host next to base.py
     from base import (  # type: ignore[no-redef]
@@ -57,6 +62,7 @@ else:  # pragma: no cover - run as a loose file on a GPU host next to base.py
         GpuDevice,
         GpuSample,
         MigDevice,
+        NodeFacts,
     )
 
 log = logging.getLogger(__name__)
@@ -103,6 +109,7 @@ class NvmlDevices:
         self._handles = [self._get(i, self._nvml.nvmlDeviceGetHandleByIndex, i)
                          for i in range(n)]
         self._inventory = self._read_inventory()
+        self._facts = self._read_facts()
         self._xid_count = [0] * n
         self._last_xid = [0] * n
         self._event_sets: list[Any] = [self._register_xid(h) if watch_xid else None
@@ -213,6 +220,35 @@ class NvmlDevices:
 
     def devices(self) -> list[GpuDevice]:
         return list(self._inventory)
+
+    def node_facts(self) -> NodeFacts:
+        return self._facts
+
+    def _read_facts(self) -> NodeFacts:
+        nv = self._nvml
+        cuda = self._get(-1, nv.nvmlSystemGetCudaDriverVersion_v2, default=0)  # 12040: 12.4
+        return NodeFacts(
+            driver_version=_text(self._get(-1, nv.nvmlSystemGetDriverVersion, default="")),
+            cuda_version=f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else "",
+            fabric_domain=self._fabric_domain())
+
+    def _fabric_domain(self) -> str:
+        """"<cluster UUID hex>-<clique id>" if every GPU reports the same; else ""."""
+        nv = self._nvml
+        if not hasattr(nv, "nvmlDeviceGetGpuFabricInfoV"):  # an older nvidia-ml-py
+            return ""
+        seen: set[str] = set()
+        for i, h in enumerate(self._handles):
+            info = nv.c_nvmlGpuFabricInfoV_t()  # with its version set
+            # fills the struct it points to: NVML_SUCCESS, or None where unsupported
+            ok = self._get(i, nv.nvmlDeviceGetGpuFabricInfoV, h, ctypes.byref(info))
+            if (ok is None or info.state != nv.NVML_GPU_FABRIC_STATE_COMPLETED
+                    or info.status != nv.NVML_SUCCESS or not any(info.clusterUuid)):
+                return ""  # not on a multi-node NVLink fabric, or not registered with it
+            seen.add(f"{bytes(info.clusterUuid).hex()}-{info.cliqueId}")
+        if len(seen) > 1:
+            log.warning("GPUs disagree on their NVLink fabric: %s", sorted(seen))
+        return seen.pop() if len(seen) == 1 else ""
 
     # --- telemetry --------------------------------------------------------------------
 
@@ -338,11 +374,9 @@ def probe(nvml: Any = None) -> dict[str, Any]:
     """Inventory and one telemetry sample, as plain data (the ``__main__`` output)."""
     backend = NvmlDevices(nvml)
     try:
-        nv = backend._nvml
-        driver = _text(backend._get(-1, nv.nvmlSystemGetDriverVersion, default=""))
         samples = backend.sample()
         return {
-            "driver_version": driver,
+            "node": asdict(backend.node_facts()),  # driver and CUDA versions, fabric
             "devices": [asdict(d) for d in backend.devices()],
             "samples": [dict(asdict(s), degraded=s.degraded(), health=s.health_reasons())
                         for s in samples],

@@ -6,6 +6,9 @@ NVML's per-process memory does, so the share watchdog works the same on a simula
 MIG: the first ``mig_gpus`` GPUs (all, with 0) are in MIG mode with ``mig_profiles`` laid
 out on each as ``nvidia-smi mig -cgi`` would (``scheduling.mig.layout``); an instance's
 UUID is derived from its node, GPU and start, so it is the same at every start.
+
+The driver and CUDA versions are given (plausible fixed values by default); a simulated
+node's NVLink domain is the agent's to set (``KAIROS_NVLINK_DOMAIN``), not the GPUs'.
 """
 
 from __future__ import annotations
@@ -14,16 +17,18 @@ import hashlib
 from collections.abc import Sequence
 
 from scheduling.mig import layout
-from services.node_agent.devices.base import GpuDevice, GpuSample, MigDevice
+from services.node_agent.devices.base import GpuDevice, GpuSample, MigDevice, NodeFacts
 from shared.gpu_models import compute_capability, model_id
 
 
 class SimulatedDevices:
     def __init__(self, node_id: str, count: int = 8, model: str = "NVIDIA H100 80GB HBM3",
                  memory_mib: int = 81559, mig_profiles: Sequence[str] = (),
-                 mig_gpus: int = 0) -> None:
+                 mig_gpus: int = 0, driver_version: str = "550.54.15",
+                 cuda_version: str = "12.4") -> None:
         """ValueError if the MIG profiles are not the model's or do not fit one GPU."""
         self.node_id = node_id
+        self._facts = NodeFacts(driver_version=driver_version, cuda_version=cuda_version)
         mig = layout(model_id(model, memory_mib), list(mig_profiles)) if mig_profiles else ()
         in_mig = (mig_gpus or count) if mig else 0
         self._devices = [
@@ -59,6 +64,9 @@ class SimulatedDevices:
 
     def devices(self) -> list[GpuDevice]:
         return list(self._devices)
+
+    def node_facts(self) -> NodeFacts:
+        return self._facts
 
     def set_load(self, index: int, compute_pct: float, memory_mib: int) -> None:
         self._load[index] = (min(compute_pct, 100.0), memory_mib)

@@ -51,7 +51,6 @@ def task_grants(node_id: str, devices: Sequence[GpuDevice], t: TaskBinding
                  GpuGrant(g.index, g.uuid, g.memory_mib, g.compute_pct) for g in t.gpus)
 
 
-
 def refusal(b: Binding, node_id: str, max_epoch: int, tasks: Sequence[TaskBinding],
             why: str) -> tuple[BindingRefused, list[tuple[str, JobStatus]]]:
     """The refusal of a binding, and each of its tasks' end: failed to start (the

@@ -112,9 +112,7 @@ def describe(job_id: str, url: UrlOpt = None, token: TokenOpt = None) -> None:
     if job.get("placement"):
         t = Table("task", "node", "gpus", title="placement")
         for p in job["placement"]:
-            gpus = ", ".join(
-                f"{g['index']}" + (f" ({g['memory_mib']} MiB, {g['compute_pct']}%)"
-                                   if g.get("memory_mib") else "") for g in p["gpus"])
+            gpus = ", ".join(f"{g['index']}{_gpu_part(g)}" for g in p["gpus"])
             t.add_row(p["task_id"], p["node_id"], gpus or "-")
         console.print(t)
     t = Table("time", "state", "task", "node", "code", "reason", "exit", title="history")
@@ -123,6 +121,13 @@ def describe(job_id: str, url: UrlOpt = None, token: TokenOpt = None) -> None:
                   h.get("node_id") or "", h.get("reason_code") or "", h["reason"],
                   "" if h.get("exit_code") is None else str(h["exit_code"]))
     console.print(t)
+
+
+def _gpu_part(g: dict[str, Any]) -> str:
+    """What of a GPU a task holds, after its index: a MIG instance, a share, or all of it."""
+    if g.get("mig_profile"):
+        return f" (MIG {g['mig_profile']} at slice {g.get('mig_start', 0)})"
+    return f" ({g['memory_mib']} MiB, {g['compute_pct']}%)" if g.get("memory_mib") else ""
 
 
 def _why(wait: dict[str, Any]) -> str:

@@ -456,6 +456,13 @@ def test_mig_jobs_take_only_free_instances_of_their_profile(mixed: Stack) -> Non
         assert sorted((g["mig_profile"], g["mig_start"]) for g in held) == [("1g.10gb", 2), ("1g.10gb", 3)]
         assert all(g["uuid"].startswith("MIG-") for g in held) and held[0]["uuid"] != held[1]["uuid"]
         third = next(j["id"] for j in running if j["state"] != "running")
+        from typer.testing import CliRunner
+
+        from kairos.cli import app
+        one = next(j["id"] for j in running if j["state"] == "running")
+        out = CliRunner().invoke(app, ["describe", one, "--url", mixed.url, "--token", mixed.token or ""],
+                                 env={"COLUMNS": "200"})
+        assert out.exit_code == 0 and "(MIG 1g.10gb at slice " in out.output, out.output
         # no room, or behind the two that took the instances (the first cycle's word)
         wait_for(lambda: (get(mixed, third).get("placement_wait") or {}).get("reason") in ("no_fit", "priority"),
                  60, "the third 1g.10gb job waiting for an instance")

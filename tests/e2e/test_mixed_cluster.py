@@ -141,22 +141,24 @@ def test_an_unknown_model_or_a_bad_toleration_is_refused_at_submit(mixed: Stack)
     assert r.status_code == 422 and "key" in r.text, r.text
 
 
-def test_the_dry_run_says_where_it_would_run_and_why_it_never_would(mixed: Stack) -> None:
-    def dry(spec: dict[str, Any]) -> dict[str, Any]:
-        def answer() -> dict[str, Any] | None:
-            r = httpx.post(f"{mixed.url}/v1/jobs?dryRun=All", json=spec, timeout=30,
-                           headers={"Authorization": f"Bearer {mixed.token}"})
-            assert r.status_code == 200, r.text
-            body: dict[str, Any] = r.json()
-            return body if body["forecast"] is not None else None  # once it has a snapshot
-        out: dict[str, Any] = wait_for(answer, 60, "a forecast")
-        return out
+def dry(stack: Stack, spec: dict[str, Any]) -> dict[str, Any]:
+    """The dry run's answer, once the forecaster has a snapshot to forecast on."""
+    def answer() -> dict[str, Any] | None:
+        r = httpx.post(f"{stack.url}/v1/jobs?dryRun=All", json=spec, timeout=30,
+                       headers={"Authorization": f"Bearer {stack.token}"})
+        assert r.status_code == 200, r.text
+        body: dict[str, Any] = r.json()
+        return body if body["forecast"] is not None else None
+    out: dict[str, Any] = wait_for(answer, 60, "a forecast")
+    return out
 
-    assert dry(job(gpuModel="V100"))["forecast"]["nodes"] == [NODE_OF["volta"]]
-    tainted = dry(job(gpuModel="A100-80GB"))  # its only node is tainted
+
+def test_the_dry_run_says_where_it_would_run_and_why_it_never_would(mixed: Stack) -> None:
+    assert dry(mixed, job(gpuModel="V100"))["forecast"]["nodes"] == [NODE_OF["volta"]]
+    tainted = dry(mixed, job(gpuModel="A100-80GB"))  # its only node is tainted
     assert tainted["forecast"]["start"] is None and tainted["forecast"]["reason"] == "gpu_model"
     assert "(gpuModel)" in tainted["summary"], tainted["summary"]
-    nowhere = dry(job(nodeSelector={"zone": "z"}))
+    nowhere = dry(mixed, job(nodeSelector={"zone": "z"}))
     assert nowhere["forecast"]["reason"] == "no_matching_node"
     assert "matches its nodeSelector" in nowhere["summary"], nowhere["summary"]
 
@@ -228,16 +230,9 @@ def test_anti_affinity_spreads_replicas_and_an_impossible_rule_is_named(mixed: S
         nodes = {h["node_id"] for h in done["history"] if h["task"]}
         assert nodes == {NODE_OF["hopper"], NODE_OF["volta"]}, done["history"]  # one per node
     three = {**spread, "tasks": [{**spread["tasks"][0], "replicas": 3}]}  # two untainted nodes
-
-    def answer() -> dict[str, Any] | None:
-        r = httpx.post(f"{mixed.url}/v1/jobs?dryRun=All", json=three, timeout=30,
-                       headers={"Authorization": f"Bearer {mixed.token}"})
-        assert r.status_code == 200, r.text
-        body: dict[str, Any] = r.json()
-        return body if body["forecast"] is not None else None
-    dry = wait_for(answer, 60, "a forecast")
-    assert dry["forecast"]["start"] is None and dry["forecast"]["reason"] == "affinity", dry
-    assert "antiAffinity" in dry["summary"], dry["summary"]
+    answer = dry(mixed, three)
+    assert answer["forecast"]["start"] is None and answer["forecast"]["reason"] == "affinity", answer
+    assert "antiAffinity" in answer["summary"], answer["summary"]
     r = submit(mixed, {**spread, "tasks": [{**spread["tasks"][0], "antiAffinity": [{"task": "ps"}]}]})
     assert r.status_code == 422 and "names task 'ps'" in r.text, r.text
 
@@ -493,17 +488,8 @@ def test_a_mig_profile_no_node_has_waits_says_why_and_a_wrong_one_is_refused(mix
         httpx.delete(f"{mixed.url}/v1/jobs/{job_id}", timeout=30,
                      headers={"Authorization": f"Bearer {mixed.token}"})
 
-    def dry(spec: dict[str, Any]) -> dict[str, Any]:
-        def answer() -> dict[str, Any] | None:
-            r = httpx.post(f"{mixed.url}/v1/jobs?dryRun=All", json=spec, timeout=30,
-                           headers={"Authorization": f"Bearer {mixed.token}"})
-            assert r.status_code == 200, r.text
-            body: dict[str, Any] = r.json()
-            return body if body["forecast"] is not None else None
-        out: dict[str, Any] = wait_for(answer, 60, "a forecast")
-        return out
-    assert dry(mig_job("2g.20gb"))["forecast"]["nodes"] == [NODE_OF["migs"]]
-    nowhere = dry(mig_job("1g.5gb"))
+    assert dry(mixed, mig_job("2g.20gb"))["forecast"]["nodes"] == [NODE_OF["migs"]]
+    nowhere = dry(mixed, mig_job("1g.5gb"))
     assert nowhere["forecast"]["start"] is None and nowhere["forecast"]["reason"] == "never_fits"
     assert "MIG instances of 1g.5gb" in nowhere["summary"], nowhere["summary"]
     r = submit(mixed, mig_job("1g.7gb"))

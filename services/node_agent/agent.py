@@ -216,9 +216,9 @@ class NodeAgent:
         (never run on the whole GPU), its tasks reported failed so they are placed again."""
         fresh = [t for t in b.tasks
                  if not self._tasks.seen(task_key(b.job_id, t.task_id, b.attempt))]
+        devices = self.devices.devices() if not refused else []  # read once for all its tasks
         try:
-            grants = {} if refused else {
-                t.task_id: task_grants(self.node_id, self.devices.devices(), t) for t in fresh}
+            grants = {} if refused else {t.task_id: task_grants(self.node_id, devices, t) for t in fresh}
         except MigRefused as exc:
             notice, ends = refusal(b, self.node_id, self.max_epoch, fresh, str(exc))
             log.warning("binding refused", binding=b.binding_id, reason=str(exc))

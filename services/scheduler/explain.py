@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from scheduling import JobRequest, PendingReason, Plan
+from scheduling.plugins.throughput import relative_speeds
 from shared.events import JobWaiting, from_pending
 
 DETAIL = {
@@ -54,7 +55,7 @@ def placed_words(nodes: int, model: str, req: JobRequest | None, mig: str = "",
     if req.gpu_speeds:
         speeds = dict(req.gpu_speeds)
         best = max(speeds, key=lambda m: (speeds[m], m))
-        here = speeds.get(model, min(speeds.values())) / speeds[best]
+        here = relative_speeds(req, [model, best])[0]  # the core's rule for a model it lacks
         how = "learnt from its earlier jobs" if learnt else "its throughput"
         if here >= 0.999:
             return f"{words}, on {model}: where it runs fastest ({how})"

@@ -5,12 +5,31 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kairos.embedded import free_port
 from kairos.stack import Stack
+
+
+@contextmanager
+def running_stack(prefix: str, **kw: Any) -> Iterator[Stack]:
+    """A stack of a module's own (``Stack``'s fields in ``kw``), started, and removed
+    after with its crashes' tracebacks printed."""
+    from tests.e2e.test_supervisor import dump_tracebacks
+
+    workdir = Path(tempfile.mkdtemp(prefix=f"kairos-{prefix}-"))  # outside pytest's 0700 tree
+    s = Stack(workdir=workdir, admission_port=free_port(), **kw)
+    try:
+        s.start()
+        yield s
+    finally:
+        s.stop()
+        dump_tracebacks(workdir)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -5,18 +5,15 @@ red the day it is closed while its marker stays (remove the marker with the fix)
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from kairos.embedded import free_port
 from kairos.stack import Stack
-from tests.e2e.test_supervisor import dump_tracebacks, wait_for
+from tests.e2e.conftest import running_stack
+from tests.e2e.test_supervisor import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.broker, pytest.mark.db]
 
@@ -24,16 +21,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.broker, pytest.mark.db]
 @pytest.fixture(scope="module")
 def one_node() -> Iterator[Stack]:
     """One node of 8 GPUs: a job of 8 GPUs fills the cluster."""
-    workdir = Path(tempfile.mkdtemp(prefix="kairos-hostile-"))
-    s = Stack(workdir=workdir, nodes=1, gpus_per_node=8, admission_port=free_port(),
-              env={"KAIROS_HEARTBEAT_S": "1", "KAIROS_TELEMETRY_S": "1"})
-    try:
-        s.start()
+    with running_stack("hostile", nodes=1, gpus_per_node=8,
+                       env={"KAIROS_HEARTBEAT_S": "1", "KAIROS_TELEMETRY_S": "1"}) as s:
         yield s
-    finally:
-        s.stop()
-        dump_tracebacks(workdir)
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def user(stack: Stack, tenant: str) -> dict[str, str]:

@@ -6,19 +6,16 @@ anything is stored."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from kairos.cluster_spec import ClusterSpec, MigSpec, NodeGroup
-from kairos.embedded import free_port
 from kairos.stack import Stack
-from tests.e2e.test_supervisor import dump_tracebacks, wait_for
+from tests.e2e.conftest import running_stack
+from tests.e2e.test_supervisor import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.broker, pytest.mark.db]
 CLUSTER = ClusterSpec(node_groups=[
@@ -37,17 +34,10 @@ NODE_OF = {"hopper": "hopper0-0", "volta": "volta0-0", "ampere": "ampere0-0", "m
 
 @pytest.fixture(scope="module")
 def mixed() -> Iterator[Stack]:
-    workdir = Path(tempfile.mkdtemp(prefix="kairos-mixed-"))
-    s = Stack(workdir=workdir, cluster=CLUSTER, admission_port=free_port(), supervise=True,
-              env={"KAIROS_HEARTBEAT_S": "1", "KAIROS_TELEMETRY_S": "1",
-                   "KAIROS_FORECAST_EVERY_S": "1"})
-    try:
-        s.start()
+    with running_stack("mixed", cluster=CLUSTER, supervise=True,
+                       env={"KAIROS_HEARTBEAT_S": "1", "KAIROS_TELEMETRY_S": "1",
+                            "KAIROS_FORECAST_EVERY_S": "1"}) as s:
         yield s
-    finally:
-        s.stop()
-        dump_tracebacks(workdir)
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def job(**extra: Any) -> dict[str, Any]:
